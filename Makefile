@@ -1,0 +1,59 @@
+# toolgate: `make demo` runs the site with a demo agent; `make test` runs every test.
+# Both create .venv on first use. Override the interpreter with PYTHON=..., the
+# environment folder with VENV=...
+SHELL := /bin/bash
+VENV ?= .venv
+# Newest Python that actually runs (pyenv shims for inactive versions fail the probe).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
+	if $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then echo $$p; break; fi; done)
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: setup migrate demo test test-services fuzz bench lint format clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "No Python 3.11+ found: install one or pass PYTHON=/path/to/python3" >&2; exit 1; fi
+	@test -x $(PY) || { echo "Creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
+	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@echo "Installing requirements into $(VENV) ..."
+	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+setup: $(VENV)/.installed
+
+migrate: setup
+	@TOOLGATE_QUIET=1 $(PY) manage.py migrate --noinput -v 0
+
+demo: migrate
+	@TOOLGATE_QUIET=1 $(PY) -m toolgate_site.demo --host $(HOST) --port $(PORT)
+
+# pytest's exit code 5 ("no tests collected") is a failure here, not a pass.
+test: migrate
+	@TOOLGATE_QUIET=1 $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The same suite on PostgreSQL and Redis (needs TOOLGATE_TEST_DATABASE_URL and
+# TOOLGATE_TEST_REDIS_URL; .ci/run sets them).
+test-services: setup
+	@test -n "$$TOOLGATE_TEST_DATABASE_URL" || { echo "set TOOLGATE_TEST_DATABASE_URL" >&2; exit 1; }
+	@test -n "$$TOOLGATE_TEST_REDIS_URL" || { echo "set TOOLGATE_TEST_REDIS_URL" >&2; exit 1; }
+	@DATABASE_URL="$$TOOLGATE_TEST_DATABASE_URL" REDIS_URL="$$TOOLGATE_TEST_REDIS_URL" TOOLGATE_QUIET=1 \
+	  $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-services: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+bench: migrate
+	@TOOLGATE_QUIET=1 $(PY) bench/run_all.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	TOOLGATE_QUIET=1 $(PY) manage.py makemigrations --check --dry-run
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .venv-* db.sqlite3* .test-db.sqlite3* dist build staticfiles

@@ -1,0 +1,70 @@
+"""The app's settings: one ``APPROVALS`` dict, read lazily.
+
+Every key has a default here; a host project sets only what it wants to change.
+The merged dict is cached and dropped whenever Django reports that
+``APPROVALS`` changed, so ``override_settings(APPROVALS=...)`` just works.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Seconds a call waits for a person before it is recorded ``expired``.
+    "DECISION_TIMEOUT": 3600,
+    # Seconds between the per-process database re-checks (the safety net behind
+    # the channel layer, and the transport itself without a cross-process layer).
+    "RECHECK_INTERVAL": 1.0,
+    # Seconds between a waiting process's heartbeats.
+    "HEARTBEAT_INTERVAL": 5.0,
+    # A waiter whose process has not beaten for this long is dead: its calls are
+    # marked ``abandoned`` by the sweep.
+    "LEASE_TIMEOUT": 30.0,
+    # Seconds between sweeps run inside each process listener; ``None`` leaves
+    # the sweep to ``manage.py approvals_sweep`` alone.
+    "SWEEP_INTERVAL": 30.0,
+    # Largest accepted request body (HTTP) and WebSocket text frame, in bytes.
+    "MAX_BODY_BYTES": 16 * 1024,
+    # Longest accepted reason and ids.
+    "MAX_REASON_LENGTH": 2000,
+    # Channel-layer group every process listener joins (must match [a-zA-Z0-9._-]).
+    "GROUP_PREFIX": "approvals",
+    # Largest number of pending calls sent in a snapshot or the pending list.
+    "PENDING_LIMIT": 500,
+    # Name of the channel layer (in CHANNEL_LAYERS) the app uses.
+    "CHANNEL_LAYER": "default",
+    # Seconds a process trusts its cached rules before asking the database
+    # whether they changed (changes in this process apply at once).
+    "RULES_CACHE_SECONDS": 1.0,
+}
+
+
+@cache
+def get_config() -> dict[str, Any]:
+    """Return the merged settings: ``DEFAULTS`` overlaid with ``settings.APPROVALS``."""
+    user = getattr(settings, "APPROVALS", None) or {}
+    unknown = set(user) - set(DEFAULTS)
+    if unknown:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"Unknown APPROVALS setting(s): {', '.join(sorted(unknown))}. "
+            f"Known: {', '.join(sorted(DEFAULTS))}."
+        )
+    return {**DEFAULTS, **user}
+
+
+def setting(name: str) -> Any:
+    """Return one setting by name."""
+    return get_config()[name]
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting == "APPROVALS":
+        get_config.cache_clear()

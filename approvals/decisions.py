@@ -1,0 +1,241 @@
+"""The one place a decision happens.
+
+Every entry point (Python API, HTTP, WebSocket, admin, rules, timeout, cancel,
+sweep) ends in :func:`decide`. It changes a row only with a conditional update
+(``status='pending'`` and, for a person's answer, not yet expired) and counts
+the rows changed: exactly one caller can win. Waiters and UIs are told only
+after the transaction commits.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from . import events, signals
+from .models import Approval, Status, Via
+
+#: Decisions a person (or a rule) can make, by the words callers use.
+ANSWERS = {"allow": Status.ALLOWED, "deny": Status.DENIED}
+REMEMBER_SCOPES = ("session", "always")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one decision attempt.
+
+    ``won`` is true only for the caller that changed the row. ``status`` is the
+    approval's status afterwards (empty when not found). ``error`` is ``""``,
+    ``"not_found"`` or ``"already_decided"``.
+    """
+
+    won: bool
+    status: str = ""
+    error: str = ""
+    approval_id: str = ""
+
+
+NOT_FOUND = Outcome(False, "", "not_found")
+
+
+def may_decide_any(user: Any) -> bool:
+    """True when ``user`` may see and decide every approval, not only their own."""
+    return bool(user is not None and user.has_perm("approvals.decide_approval"))
+
+
+def visible_to(user: Any):
+    """A queryset of the approvals ``user`` may see and decide."""
+    qs = Approval.objects.all()
+    if may_decide_any(user):
+        return qs
+    return qs.filter(user_id=user.pk)
+
+
+def status_for_answer(decision: Any) -> str:
+    """Map ``"allow"``/``"deny"`` to a status; anything else raises ``ValueError``."""
+    if not isinstance(decision, str) or decision not in ANSWERS:
+        raise ValueError(f'decision must be "allow" or "deny", not {decision!r}')
+    return ANSWERS[decision]
+
+
+def decide(
+    approval_id: str,
+    status: str,
+    *,
+    via: str,
+    by: Any = None,
+    reason: str = "",
+    session_id: str | None = None,
+    viewer: Any = None,
+    remember: str | None = None,
+) -> Outcome:
+    """Try to move one pending approval to ``status``; report who won.
+
+    ``viewer``, when given, is the person acting: an approval they may not see
+    is reported ``not_found``. ``session_id``, when given, must match. A person's
+    answer (allowed/denied) only wins before ``expires_at``; a late one finds the
+    call expired. ``remember`` (``"session"``/``"always"``) stores a rule in the
+    same transaction as the decision.
+    """
+    if status not in Status.values or status == Status.PENDING:
+        raise ValueError(f"not a final status: {status!r}")
+    if via not in Via.values:
+        raise ValueError(f"not a decision channel: {via!r}")
+    if remember not in (None, *REMEMBER_SCOPES):
+        raise ValueError(f'remember must be "session" or "always", not {remember!r}')
+    if not isinstance(approval_id, str) or not approval_id:
+        return NOT_FOUND
+    row = _visible_row(approval_id, session_id, viewer)
+    if row is None:
+        return NOT_FOUND
+    if row["status"] != Status.PENDING:
+        return Outcome(False, row["status"], "already_decided", approval_id)
+
+    now = timezone.now()
+    pending = Approval.objects.filter(pk=row["pk"], status=Status.PENDING)
+    if status in (Status.ALLOWED, Status.DENIED, Status.ABANDONED):
+        pending = pending.filter(expires_at__gt=now)
+    by_id = getattr(by, "pk", by)
+    with atomic_then([]) as after:
+        changed = pending.update(
+            status=status,
+            decided_via=via,
+            decided_by_id=by_id,
+            reason=reason or "",
+            decided_at=now,
+        )
+        if changed and remember and status in (Status.ALLOWED, Status.DENIED):
+            from . import rules
+
+            rules.remember(row, status, remember, by)
+        if changed:
+            event = events.tool_decision(row, status, via, by, reason or "")
+            after.append(lambda: _announce(row["pk"], event))
+    if changed:
+        return Outcome(True, status, "", approval_id)
+    return _explain_loss(row, now)
+
+
+@contextmanager
+def atomic_then(callbacks: list):
+    """An atomic block whose ``callbacks`` run once it has committed.
+
+    Inside only a test case's wrapping transaction (which never commits) they
+    run when this block ends, so waiters in such tests wake as in production.
+    """
+    under_testcase = connection.in_atomic_block and all(
+        getattr(block, "_from_testcase", False) for block in connection.atomic_blocks
+    )
+    with transaction.atomic():
+        yield callbacks
+        if not under_testcase:
+            for fn in callbacks:
+                transaction.on_commit(fn, robust=True)
+    if under_testcase:
+        for fn in callbacks:
+            fn()
+
+
+def _visible_row(approval_id: str, session_id: str | None, viewer: Any) -> dict | None:
+    qs = Approval.objects.filter(approval_id=approval_id)
+    if viewer is not None:
+        qs = qs & visible_to(viewer)
+    row = (
+        qs.values(
+            "pk",
+            "approval_id",
+            "session_id",
+            "user_id",
+            "tool_name",
+            "tool_call_id",
+            "status",
+            "expires_at",
+        )
+        .order_by()
+        .first()
+    )
+    if row is None or (session_id is not None and row["session_id"] != session_id):
+        return None
+    return row
+
+
+def _explain_loss(row: dict, now) -> Outcome:
+    status = Approval.objects.filter(pk=row["pk"]).values_list("status", flat=True).first()
+    if status == Status.PENDING:
+        # Still pending but past its deadline: it is expired; record that first.
+        expired = decide(row["approval_id"], Status.EXPIRED, via=Via.TIMEOUT)
+        status = expired.status or Status.EXPIRED
+    return Outcome(False, status or "", "already_decided", row["approval_id"])
+
+
+def _announce(pk: int, event: dict) -> None:
+    from . import listener
+
+    listener.dispatch(event)
+    if signals.approval_decided.has_listeners(Approval):
+        approval = Approval.objects.select_related("decided_by").get(pk=pk)
+        signals.approval_decided.send(
+            sender=Approval,
+            approval=approval,
+            status=approval.status,
+            decided_via=approval.decided_via,
+            decided_by=approval.decided_by,
+        )
+
+
+def announce_created(approval: Approval) -> None:
+    """After the row of a newly gated call commits: tell sockets, processes and receivers."""
+    from . import listener
+
+    listener.dispatch(events.tool_start(approval))
+    signals.approval_requested.send(sender=Approval, approval=approval)
+    if approval.status != Status.PENDING:
+        row = {
+            "approval_id": approval.approval_id,
+            "session_id": approval.session_id,
+            "user_id": approval.user_id,
+        }
+        listener.dispatch(
+            events.tool_decision(row, approval.status, approval.decided_via, None, approval.reason)
+        )
+        signals.approval_decided.send(
+            sender=Approval,
+            approval=approval,
+            status=approval.status,
+            decided_via=approval.decided_via,
+            decided_by=None,
+        )
+
+
+def expire_overdue(limit: int = 1000) -> int:
+    """Record ``expired`` (via ``sweep``) for pending calls past their deadline."""
+    now = timezone.now()
+    ids = list(
+        Approval.objects.filter(status=Status.PENDING, expires_at__lte=now)
+        .order_by("expires_at")
+        .values_list("approval_id", flat=True)[:limit]
+    )
+    return sum(decide(aid, Status.EXPIRED, via=Via.SWEEP).won for aid in ids)
+
+
+def abandon_orphans(lease_timeout: float, limit: int = 1000) -> int:
+    """Record ``abandoned`` (via ``sweep``) for pending calls whose waiting process is gone."""
+    from .models import ProcessLease
+
+    cutoff = timezone.now() - timedelta(seconds=lease_timeout)
+    alive = ProcessLease.objects.filter(heartbeat_at__gt=cutoff).values("key")
+    ids = list(
+        Approval.objects.filter(status=Status.PENDING)
+        .exclude(waiter="")
+        .exclude(waiter__in=alive)
+        .order_by("created_at")
+        .values_list("approval_id", flat=True)[:limit]
+    )
+    won = sum(decide(aid, Status.ABANDONED, via=Via.SWEEP).won for aid in ids)
+    ProcessLease.objects.filter(heartbeat_at__lte=cutoff - timedelta(hours=1)).delete()
+    return won

@@ -1,0 +1,67 @@
+"""The shapes of what the app tells clients and other processes.
+
+Events are plain dicts. Keys starting with ``_`` are internal (who may see
+the event, where it came from) and are stripped before a client sees them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+PENDING_FIELDS = (
+    "approval_id",
+    "session_id",
+    "tool_name",
+    "tool_call_id",
+    "arguments",
+    "created_at",
+    "expires_at",
+)
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def pending_item(approval: Any) -> dict:
+    """An approval as listed in ``tool-approvals``, the snapshot and ``tool_start``."""
+    get = approval.get if isinstance(approval, dict) else lambda k: getattr(approval, k)
+    item = {name: get(name) for name in PENDING_FIELDS}
+    item["created_at"] = iso(item["created_at"])
+    item["expires_at"] = iso(item["expires_at"])
+    return item
+
+
+def tool_start(approval: Any) -> dict:
+    """The event sent when a call is gated (``awaiting_confirmation`` false when a rule answered)."""
+    get = approval.get if isinstance(approval, dict) else lambda k: getattr(approval, k)
+    event = {"type": "tool_start", **pending_item(approval)}
+    event["awaiting_confirmation"] = get("status") == "pending"
+    event["_user_id"] = get("user_id")
+    return event
+
+
+def tool_decision(row: dict, status: str, via: str, by: Any, reason: str) -> dict:
+    """The event sent once a call is decided."""
+    return {
+        "type": "tool_decision",
+        "approval_id": row["approval_id"],
+        "session_id": row["session_id"],
+        "status": status,
+        "decided_via": via,
+        "decided_by": display_user(by),
+        "reason": reason,
+        "_user_id": row["user_id"],
+    }
+
+
+def display_user(user: Any) -> str | None:
+    if user is None or not hasattr(user, "get_username"):
+        return None if user is None else str(user)
+    return user.get_username()
+
+
+def public(event: dict) -> dict:
+    """The event as a client sees it."""
+    return {k: v for k, v in event.items() if not k.startswith("_")}

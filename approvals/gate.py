@@ -1,0 +1,382 @@
+"""The agent-facing API: pause one tool call until a person answers.
+
+An agent loop calls :func:`begin_tool_decision` before it runs a tool, tells
+its client about the call, then :func:`wait_tool_decision` (or the async
+twins). The answer is ``"allow"`` or ``"deny"``; on anything but allow, feed
+:func:`denial_message` to the model as the tool result. Decisions can be made
+from any process of the project (web page, admin, HTTP, code) and reach the
+waiter wherever it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError
+from django.utils import timezone
+
+from . import decisions, rules
+from .conf import setting
+from .decisions import status_for_answer
+from .listener import get_listener
+from .models import Approval, Status, Via
+from .slots import INTERRUPTED, Slot, on_set
+
+__all__ = [
+    "TOOL_REJECTED_MESSAGE",
+    "Slot",
+    "aabort_tool_decision",
+    "abegin_tool_decision",
+    "abort_tool_decision",
+    "arequest_tool_decision",
+    "aresolve_tool_decision",
+    "await_tool_decision",
+    "begin_tool_decision",
+    "denial_message",
+    "new_approval_id",
+    "request_tool_decision",
+    "resolve_tool_decision",
+    "wait_tool_decision",
+]
+
+#: The tool result fed to the model when a person denies a call.
+TOOL_REJECTED_MESSAGE = "The user declined to run this tool call."
+EXPIRED_MESSAGE = "Nobody answered in time, so this tool call was not run."
+CANCELLED_MESSAGE = "This tool call was cancelled before anyone answered, so it was not run."
+ABANDONED_MESSAGE = "The process waiting for this tool call stopped, so it was not run."
+
+
+def new_approval_id() -> str:
+    """A new unguessable, URL-safe approval id (192 random bits)."""
+    return secrets.token_urlsafe(24)
+
+
+def begin_tool_decision(
+    session_id: str,
+    approval_id: str,
+    *,
+    tool_name: str = "",
+    arguments: dict | None = None,
+    user: Any = None,
+    tool_call_id: str = "",
+    timeout: float | None = None,
+) -> Slot:
+    """Gate one call: register the waiter, write the pending row, then announce it.
+
+    The slot exists before ``tool_start`` is published, so a decision arriving
+    at any moment after is never lost. A matching rule answers at once (the row
+    is written already decided). Calling again with an existing ``approval_id``
+    of the same session resumes it: the slot gets the recorded outcome, or
+    waits for it if the call is still pending.
+    """
+    _check_details(session_id, approval_id, tool_name, tool_call_id, arguments)
+    seconds = _timeout(timeout)
+    listener = get_listener()
+    listener.ensure_lease()
+    user_id = getattr(user, "pk", user)
+    arguments = {} if arguments is None else arguments
+    rule = rules.match(user_id, session_id, tool_name, arguments)
+    now = timezone.now()
+    expires_at = now + timedelta(seconds=seconds)
+    slot = listener.register(Slot(approval_id, expires_at))
+    fields: dict[str, Any] = {
+        "approval_id": approval_id,
+        "session_id": session_id,
+        "user_id": user_id,
+        "tool_name": tool_name,
+        "tool_call_id": tool_call_id,
+        "arguments": arguments,
+        "created_at": now,
+        "expires_at": expires_at,
+        "waiter": listener.key,
+    }
+    if rule is not None:
+        fields.update(
+            status=Status.ALLOWED if rule.decision == "allow" else Status.DENIED,
+            decided_via=Via.RULE,
+            reason=rules.describe(rule),
+            decided_at=now,
+            waiter="",
+        )
+    try:
+        with decisions.atomic_then([]) as after:
+            approval = Approval.objects.create(**fields)
+            after.append(lambda: decisions.announce_created(approval))
+    except IntegrityError:
+        return _resume(listener, slot, session_id, approval_id)
+    except BaseException:
+        listener.unregister(slot)
+        raise
+    if rule is not None:
+        slot.set(approval.status)
+    return slot
+
+
+def _resume(listener, slot: Slot, session_id: str, approval_id: str) -> Slot:
+    row = (
+        Approval.objects.filter(approval_id=approval_id)
+        .values("session_id", "status", "expires_at")
+        .first()
+    )
+    if row is None or row["session_id"] != session_id:
+        listener.unregister(slot)
+        raise ValueError(f"approval_id {approval_id!r} is already used by another session")
+    slot.expires_at = row["expires_at"]
+    if row["status"] != Status.PENDING:
+        slot.set(row["status"])
+    else:
+        Approval.objects.filter(approval_id=approval_id, status=Status.PENDING).update(
+            waiter=listener.key
+        )
+        fresh = Approval.objects.filter(approval_id=approval_id).values("status").first()
+        if fresh and fresh["status"] != Status.PENDING:
+            slot.set(fresh["status"])
+    return slot
+
+
+def wait_tool_decision(
+    slot: Slot,
+    approval_id: str,
+    cancel_event: Any = None,
+    timeout: float | None = None,
+) -> str:
+    """Block until the call is decided; return ``"allow"`` or ``"deny"``.
+
+    A timeout records ``expired`` and a set ``cancel_event`` records
+    ``cancelled`` (both answer ``"deny"``) unless a decision won first, in which
+    case the winner's answer is returned. The slot is always removed.
+    """
+    try:
+        limit = _remaining(slot, timeout)
+        remove_hook = on_set(cancel_event, slot.interrupt)
+        try:
+            outcome = slot.wait(limit)
+        finally:
+            remove_hook()
+        return _answer(_finish(slot, approval_id, outcome))
+    finally:
+        get_listener().unregister(slot)
+
+
+def request_tool_decision(
+    session_id: str,
+    approval_id: str,
+    cancel_event: Any = None,
+    timeout: float | None = None,
+    **details: Any,
+) -> str:
+    """Gate a call and wait for its answer in one step (begin + wait)."""
+    slot = begin_tool_decision(session_id, approval_id, timeout=timeout, **details)
+    return wait_tool_decision(slot, approval_id, cancel_event)
+
+
+def abort_tool_decision(slot: Slot, approval_id: str) -> None:
+    """The caller gave up between begin and wait: record ``cancelled``, remove the slot."""
+    try:
+        if slot.status is None:
+            decisions.decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
+    finally:
+        get_listener().unregister(slot)
+
+
+def resolve_tool_decision(
+    approval_id: str,
+    decision: str,
+    session_id: str | None = None,
+    *,
+    user: Any = None,
+    via: str = "api",
+    reason: str = "",
+) -> bool:
+    """Decide a pending call; ``True`` only for the call whose decision won.
+
+    ``False`` for an unknown id, a call already decided or expired, or a
+    ``session_id`` that does not match. A ``decision`` other than ``"allow"`` or
+    ``"deny"`` raises ``ValueError`` and changes nothing.
+    """
+    status = status_for_answer(decision)
+    outcome = decisions.decide(
+        approval_id, status, via=via, by=user, reason=reason or "", session_id=session_id
+    )
+    return outcome.won
+
+
+def denial_message(approval_id: str) -> str:
+    """What to feed the model as the tool result when the call did not run."""
+    row = Approval.objects.filter(approval_id=approval_id).values("status", "reason").first()
+    status = row["status"] if row else Status.DENIED
+    if status == Status.EXPIRED:
+        return EXPIRED_MESSAGE
+    if status == Status.CANCELLED:
+        return CANCELLED_MESSAGE
+    if status == Status.ABANDONED:
+        return ABANDONED_MESSAGE
+    reason = (row or {}).get("reason") or ""
+    if status == Status.DENIED and reason:
+        return f"{TOOL_REJECTED_MESSAGE} Reason: {reason}"
+    return TOOL_REJECTED_MESSAGE
+
+
+# -- async twins -----------------------------------------------------------
+
+
+async def abegin_tool_decision(session_id: str, approval_id: str, **details: Any) -> Slot:
+    """Async :func:`begin_tool_decision`."""
+    return await sync_to_async(begin_tool_decision)(session_id, approval_id, **details)
+
+
+async def await_tool_decision(
+    slot: Slot,
+    approval_id: str,
+    cancel_event: Any = None,
+    timeout: float | None = None,
+) -> str:
+    """Async :func:`wait_tool_decision`: a future, no thread; cancelling the task records
+    ``cancelled`` and re-raises."""
+    try:
+        fut = slot.future()
+        loop = asyncio.get_running_loop()
+        remove_hook = on_set(cancel_event, lambda: loop.call_soon_threadsafe(slot.interrupt))
+        try:
+            limit = _remaining(slot, timeout)
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(fut), limit)
+            except TimeoutError:
+                outcome = None
+        except asyncio.CancelledError:
+            await _record_cancel_despite_cancellation(slot, approval_id)
+            raise
+        finally:
+            remove_hook()
+        status = await sync_to_async(_finish)(slot, approval_id, outcome)
+        return _answer(status)
+    finally:
+        get_listener().unregister(slot)
+
+
+async def _record_cancel_despite_cancellation(slot: Slot, approval_id: str) -> None:
+    if slot.status is not None:
+        return
+    done = threading.Event()
+
+    def record() -> None:
+        try:
+            decisions.decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
+        finally:
+            done.set()
+
+    # A plain thread: it finishes even if this task is cancelled again or the loop stops.
+    threading.Thread(target=_with_db_cleanup(record), daemon=True).start()
+    try:
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, done.wait, 10))
+    except asyncio.CancelledError:
+        pass
+
+
+async def arequest_tool_decision(
+    session_id: str,
+    approval_id: str,
+    cancel_event: Any = None,
+    timeout: float | None = None,
+    **details: Any,
+) -> str:
+    """Async :func:`request_tool_decision`."""
+    slot = await abegin_tool_decision(session_id, approval_id, timeout=timeout, **details)
+    return await await_tool_decision(slot, approval_id, cancel_event)
+
+
+async def aabort_tool_decision(slot: Slot, approval_id: str) -> None:
+    """Async :func:`abort_tool_decision`."""
+    await sync_to_async(abort_tool_decision)(slot, approval_id)
+
+
+async def aresolve_tool_decision(
+    approval_id: str,
+    decision: str,
+    session_id: str | None = None,
+    *,
+    user: Any = None,
+    via: str = "api",
+    reason: str = "",
+) -> bool:
+    """Async :func:`resolve_tool_decision`."""
+    status_for_answer(decision)
+    return await sync_to_async(resolve_tool_decision)(
+        approval_id, decision, session_id, user=user, via=via, reason=reason
+    )
+
+
+async def adenial_message(approval_id: str) -> str:
+    """Async :func:`denial_message`."""
+    return await sync_to_async(denial_message)(approval_id)
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+def _finish(slot: Slot, approval_id: str, outcome: str | None) -> str:
+    """Turn what woke the waiter into the call's final status, recording it if ours."""
+    if outcome is not None and outcome != INTERRUPTED:
+        return outcome
+    status = Status.CANCELLED if outcome == INTERRUPTED else Status.EXPIRED
+    via = Via.CANCEL if outcome == INTERRUPTED else Via.TIMEOUT
+    result = decisions.decide(approval_id, status, via=via)
+    return result.status or status
+
+
+def _answer(status: str) -> str:
+    return "allow" if status == Status.ALLOWED else "deny"
+
+
+def _remaining(slot: Slot, timeout: float | None) -> float:
+    left = float("inf")
+    if slot.expires_at is not None:
+        left = (slot.expires_at - timezone.now()).total_seconds()
+    if timeout is not None:
+        left = min(left, float(timeout))
+    return max(0.0, left)
+
+
+def _timeout(timeout: float | None) -> float:
+    value = setting("DECISION_TIMEOUT") if timeout is None else timeout
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _check_details(session_id, approval_id, tool_name, tool_call_id, arguments) -> None:
+    for name, value, limit in (
+        ("session_id", session_id, 255),
+        ("approval_id", approval_id, 128),
+        ("tool_name", tool_name, 200),
+        ("tool_call_id", tool_call_id, 255),
+    ):
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+        if len(value) > limit:
+            raise ValueError(f"{name} is longer than {limit} characters")
+    if not approval_id:
+        raise ValueError("approval_id must not be empty")
+    if arguments is not None:
+        try:
+            json.dumps(arguments)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"arguments must be JSON-serialisable: {exc}") from None
+
+
+def _with_db_cleanup(fn):
+    def run() -> None:
+        from django.db import connections
+
+        try:
+            fn()
+        finally:
+            connections.close_all()
+
+    return run

@@ -1,0 +1,416 @@
+"""The process listener: one per process, not one per waiter.
+
+It holds this process's waiting slots and WebSocket subscribers and connects
+them to the rest of the site:
+
+* events made here (a call gated, a call decided) are delivered to local
+  slots and sockets at once, then published on the channel layer for the other
+  processes, from the listener's own event loop (never a new loop per call);
+* events from other processes arrive on one channel-layer group and are
+  delivered the same way;
+* a re-check thread asks the database, once per interval for the whole
+  process, for decisions on local slots and (when sockets are connected) for
+  rows created or decided since it last looked. Without a cross-process
+  channel layer this tail is the transport; with one it is the safety net that
+  makes a dropped message cost latency, never a decision.
+
+Each event reaches a local socket at most once, whichever path brings it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from .conf import setting
+from .models import FINAL_STATUSES
+from .slots import Slot
+
+logger = logging.getLogger("approvals.listener")
+
+Subscriber = Callable[[dict], None]
+_SEEN_MAX = 50_000
+_HOLE_SECONDS = 30.0
+_DECIDED_OVERLAP = timedelta(seconds=10)
+
+
+class Listener:
+    """This process's registry of slots and subscribers, and its links to other processes."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.key = f"{socket.gethostname()[:30]}-{self.pid}-{uuid.uuid4().hex[:12]}"
+        self._lock = threading.RLock()
+        self._slots: dict[str, Slot] = {}
+        self._subscribers: set[Subscriber] = set()
+        self._seen: OrderedDict[str, str] = OrderedDict()
+        self._lease_written = False
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._layer = None
+        self._group = f"{setting('GROUP_PREFIX')}.events"
+        self._tail = _Tail()
+        self._last_heartbeat = 0.0
+        self._last_sweep = time.monotonic()
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        self._layer = _cross_process_layer()
+        if self._layer is not None:
+            ready = threading.Event()
+            t = threading.Thread(
+                target=self._run_loop, args=(ready,), name="toolgate-listener", daemon=True
+            )
+            t.start()
+            ready.wait(5)
+            self._threads.append(t)
+        t = threading.Thread(target=self._run_recheck, name="toolgate-recheck", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads (tests and interpreter exit)."""
+        self._stop.set()
+        self._kick.set()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+    # -- slots -----------------------------------------------------------
+    def register(self, slot: Slot) -> Slot:
+        with self._lock:
+            self._slots[slot.approval_id] = slot
+        return slot
+
+    def unregister(self, slot: Slot) -> None:
+        with self._lock:
+            if self._slots.get(slot.approval_id) is slot:
+                del self._slots[slot.approval_id]
+
+    def pending_slots(self) -> int:
+        with self._lock:
+            return len(self._slots)
+
+    def ensure_lease(self) -> None:
+        """Write this process's lease before its first waiter (once per process)."""
+        if self._lease_written:
+            return
+        from .models import ProcessLease
+
+        ProcessLease.objects.update_or_create(
+            key=self.key,
+            defaults={
+                "hostname": socket.gethostname()[:255],
+                "pid": self.pid,
+                "heartbeat_at": timezone.now(),
+            },
+        )
+        self._lease_written = True
+        self._last_heartbeat = time.monotonic()
+
+    # -- subscribers -----------------------------------------------------
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event; it must be thread-safe and not block."""
+        with self._lock:
+            self._subscribers.add(callback)
+        self._kick.set()
+        return lambda: self._unsubscribe(callback)
+
+    def _unsubscribe(self, callback: Subscriber) -> None:
+        with self._lock:
+            self._subscribers.discard(callback)
+
+    # -- events ----------------------------------------------------------
+    def deliver(self, event: dict) -> bool:
+        """Hand an event to local slots and subscribers; False if it was already seen."""
+        aid = event.get("approval_id")
+        kind = event.get("type")
+        with self._lock:
+            if kind == "tool_decision":
+                slot = self._slots.get(aid)
+                if slot is not None:
+                    slot.set(event["status"])
+                if self._seen.get(aid) in FINAL_STATUSES:
+                    return False
+                self._remember(aid, event["status"])
+            elif kind == "tool_start":
+                if aid in self._seen:
+                    return False
+                self._remember(aid, "pending")
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            try:
+                callback(event)
+            except Exception:  # one broken socket must not starve the others
+                logger.exception("approvals subscriber failed")
+        return True
+
+    def _remember(self, aid: str, status: str) -> None:
+        self._seen[aid] = status
+        self._seen.move_to_end(aid)
+        while len(self._seen) > _SEEN_MAX:
+            self._seen.popitem(last=False)
+
+    def publish(self, event: dict) -> None:
+        """Deliver locally, then send to the other processes (never blocks the caller)."""
+        self.deliver(event)
+        loop = self._loop
+        if self._layer is None or loop is None or loop.is_closed():
+            return
+        message = {"type": "approvals.event", "origin": self.key, "event": event}
+        try:
+            asyncio.run_coroutine_threadsafe(self._send(message), loop)
+        except RuntimeError:
+            pass
+
+    async def _send(self, message: dict) -> None:
+        try:
+            await self._layer.group_send(self._group, message)
+        except Exception as exc:  # the database re-check carries it instead
+            logger.warning("approvals: channel layer send failed (%s); re-check will cover", exc)
+
+    # -- the channel-layer loop -----------------------------------------
+    def _run_loop(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        ready.set()
+        loop.create_task(self._receive_forever())
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                loop.run_until_complete(_flush(self._layer))
+            except Exception:
+                pass
+            loop.close()
+
+    async def _receive_forever(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                channel = await self._layer.new_channel("approvals")
+                await self._layer.group_add(self._group, channel)
+                joined = time.monotonic()
+                backoff = 0.2
+                while not self._stop.is_set():
+                    try:
+                        message = await asyncio.wait_for(self._layer.receive(channel), 30)
+                    except TimeoutError:
+                        message = None
+                    if time.monotonic() - joined > 60:  # survive a Redis restart
+                        await self._layer.group_add(self._group, channel)
+                        joined = time.monotonic()
+                    if message and message.get("origin") != self.key:
+                        event = message.get("event")
+                        if isinstance(event, dict):
+                            self._on_remote(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("approvals: channel layer receive failed (%s); retrying", exc)
+                self._kick.set()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _on_remote(self, event: dict) -> None:
+        if event.get("type") == "rules_changed":
+            from . import rules
+
+            rules.invalidate(local_only=True)
+            return
+        self.deliver(event)
+
+    # -- the database re-check ------------------------------------------
+    def _run_recheck(self) -> None:
+        while not self._stop.is_set():
+            self._kick.wait(float(setting("RECHECK_INTERVAL")))
+            self._kick.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.recheck()
+            except Exception as exc:
+                logger.warning("approvals: database re-check failed: %s", exc)
+                close_old_connections()
+                try:
+                    connection.close()
+                except Exception:
+                    pass
+        try:
+            connection.close()
+        except Exception:
+            pass
+
+    def recheck(self) -> None:
+        """One pass: local slots, the tail for sockets, heartbeat, sweep."""
+        with self._lock:
+            waiting = list(self._slots)
+            has_subscribers = bool(self._subscribers)
+        if waiting:
+            for event in _decided_among(waiting):
+                self.deliver(event)
+        if has_subscribers:
+            for event in self._tail.poll():
+                self.deliver(event)
+        else:
+            self._tail.reset()
+        now = time.monotonic()
+        if self._lease_written and now - self._last_heartbeat >= setting("HEARTBEAT_INTERVAL"):
+            self._heartbeat()
+            self._last_heartbeat = now
+        interval = setting("SWEEP_INTERVAL")
+        if interval and now - self._last_sweep >= interval:
+            self._last_sweep = now
+            from .decisions import abandon_orphans, expire_overdue
+
+            expire_overdue()
+            abandon_orphans(setting("LEASE_TIMEOUT"))
+        if not waiting and not has_subscribers:
+            connection.close()  # an idle process holds no database connection
+
+    def _heartbeat(self) -> None:
+        from .models import ProcessLease
+
+        n = ProcessLease.objects.filter(key=self.key).update(heartbeat_at=timezone.now())
+        if not n:
+            self._lease_written = False
+            self.ensure_lease()
+
+
+def _decided_among(approval_ids: list[str]) -> list[dict]:
+    from .models import Approval, Status
+
+    events = []
+    for start in range(0, len(approval_ids), 500):
+        chunk = approval_ids[start : start + 500]
+        qs = Approval.objects.filter(approval_id__in=chunk).exclude(status=Status.PENDING)
+        events.extend(_decision_events(qs))
+    return events
+
+
+_DECISION_FIELDS = ("approval_id", "session_id", "user_id", "status", "decided_via", "reason")
+
+
+def _decision_events(qs) -> list[dict]:
+    """``tool_decision`` events for decided rows, with who decided, in one query."""
+    from django.contrib.auth import get_user_model
+    from django.db.models import F
+
+    from . import events
+
+    name = F(f"decided_by__{get_user_model().USERNAME_FIELD}")
+    rows = qs.annotate(decided_by_name=name).values(*_DECISION_FIELDS, "decided_by_name")
+    return [
+        events.tool_decision(
+            row, row["status"], row["decided_via"], row["decided_by_name"], row["reason"]
+        )
+        for row in rows
+    ]
+
+
+class _Tail:
+    """Rows created or decided since the last look, found by id and by decided_at."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.last_pk: int | None = None
+        self.decided_mark = None
+        self.holes: dict[int, float] = {}
+
+    def poll(self) -> list[dict]:
+        from django.db.models import Max, Q
+
+        from . import events
+        from .models import Approval, Status
+
+        if self.last_pk is None:
+            self.last_pk = Approval.objects.aggregate(m=Max("pk"))["m"] or 0
+            self.decided_mark = timezone.now()
+            return []
+        out: list[dict] = []
+        fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
+        query = Q(pk__gt=self.last_pk)
+        if self.holes:
+            query |= Q(pk__in=list(self.holes))
+        rows = list(Approval.objects.filter(query).order_by("pk").values(*fields)[:2000])
+        now = time.monotonic()
+        for row in rows:
+            self.holes.pop(row["pk"], None)
+            if row["pk"] > self.last_pk:
+                for missing in range(self.last_pk + 1, row["pk"]):
+                    self.holes[missing] = now
+                self.last_pk = row["pk"]
+            out.append(events.tool_start(row))
+        self.holes = {pk: t for pk, t in self.holes.items() if now - t < _HOLE_SECONDS}
+        mark = timezone.now()
+        decided = Approval.objects.filter(
+            decided_at__gte=self.decided_mark - _DECIDED_OVERLAP
+        ).exclude(status=Status.PENDING)
+        out.extend(_decision_events(decided))
+        self.decided_mark = mark
+        return out
+
+
+def _cross_process_layer():
+    """The configured channel layer if it can reach other processes, else ``None``."""
+    from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+    layer = get_channel_layer(setting("CHANNEL_LAYER"))
+    if layer is None or isinstance(layer, InMemoryChannelLayer):
+        return None
+    return layer
+
+
+async def _flush(layer) -> None:
+    close = getattr(layer, "close_pools", None) or getattr(layer, "flush", None)
+    if close is not None and hasattr(layer, "close_pools"):
+        await close()
+
+
+_listener: Listener | None = None
+_create_lock = threading.Lock()
+
+
+def get_listener() -> Listener:
+    """This process's listener, started on first use (and again after a fork)."""
+    global _listener
+    current = _listener
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _create_lock:
+        if _listener is None or _listener.pid != os.getpid():
+            _listener = Listener()
+            _listener.start()
+        return _listener
+
+
+def dispatch(event: dict) -> None:
+    """Publish an event from this process to every process's slots and sockets."""
+    get_listener().publish(event)
+
+
+def shutdown() -> None:
+    """Stop this process's listener (a new one starts on next use)."""
+    global _listener
+    with _create_lock:
+        if _listener is not None and _listener.pid == os.getpid():
+            _listener.stop()
+        _listener = None

@@ -1,0 +1,184 @@
+"""The audit log (``Approval``), standing rules (``Rule``) and process leases."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+
+class Status(models.TextChoices):
+    PENDING = "pending", _("pending")
+    ALLOWED = "allowed", _("allowed")
+    DENIED = "denied", _("denied")
+    EXPIRED = "expired", _("expired")
+    CANCELLED = "cancelled", _("cancelled")
+    ABANDONED = "abandoned", _("abandoned")
+
+
+class Via(models.TextChoices):
+    WEB = "web", _("web")
+    WEBSOCKET = "websocket", _("websocket")
+    ADMIN = "admin", _("admin")
+    API = "api", _("api")
+    RULE = "rule", _("rule")
+    TIMEOUT = "timeout", _("timeout")
+    CANCEL = "cancel", _("cancel")
+    SWEEP = "sweep", _("sweep")
+
+
+FINAL_STATUSES = frozenset(s for s in Status.values if s != Status.PENDING)
+PENDING = Q(status=Status.PENDING)
+
+
+class Approval(models.Model):
+    """One gated tool call and its outcome. Written when the call is gated; never deleted."""
+
+    approval_id = models.CharField(_("approval id"), max_length=128, unique=True)
+    session_id = models.CharField(_("session"), max_length=255, db_index=True, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("user"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tool_approvals",
+        help_text=_("Whose agent run the call belongs to."),
+    )
+    tool_name = models.CharField(_("tool"), max_length=200, blank=True)
+    tool_call_id = models.CharField(_("tool call id"), max_length=255, blank=True)
+    arguments = models.JSONField(_("arguments"), default=dict, blank=True)
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    decided_via = models.CharField(_("decided via"), max_length=16, choices=Via.choices, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("decided by"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    reason = models.TextField(_("reason"), blank=True)
+    created_at = models.DateTimeField(_("created"), default=timezone.now)
+    decided_at = models.DateTimeField(_("decided"), null=True, blank=True)
+    expires_at = models.DateTimeField(_("expires"))
+    waiter = models.CharField(
+        _("waiting process"),
+        max_length=64,
+        blank=True,
+        help_text=_("Lease key of the process waiting for the decision; blank when none waits."),
+    )
+
+    class Meta:
+        verbose_name = _("approval")
+        verbose_name_plural = _("approvals")
+        ordering = ["-created_at"]
+        permissions = [("decide_approval", "Can allow or deny pending tool calls")]
+        indexes = [
+            models.Index(fields=["-created_at"], name="approvals_latest"),
+            models.Index(fields=["status", "-created_at"], name="approvals_status_latest"),
+            models.Index(fields=["decided_at"], name="approvals_decided_at"),
+            models.Index(
+                fields=["user", "created_at"], condition=PENDING, name="approvals_pending_user"
+            ),
+            models.Index(
+                fields=["session_id", "created_at"],
+                condition=PENDING,
+                name="approvals_pending_session",
+            ),
+            models.Index(fields=["expires_at"], condition=PENDING, name="approvals_pending_expiry"),
+            models.Index(fields=["waiter"], condition=PENDING, name="approvals_pending_waiter"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name or 'tool'} [{self.status}] {self.approval_id}"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == Status.PENDING
+
+    @property
+    def time_to_decision(self):
+        """How long the call waited for its outcome (``None`` while pending)."""
+        if self.decided_at is None:
+            return None
+        return self.decided_at - self.created_at
+
+
+class Decision(models.TextChoices):
+    ALLOW = "allow", _("allow")
+    DENY = "deny", _("deny")
+
+
+class Rule(models.Model):
+    """A standing answer: calls that match are decided without asking anyone."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("user"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tool_rules",
+        help_text=_("Whose calls the rule applies to; empty means every user."),
+    )
+    session_id = models.CharField(
+        _("session"), max_length=255, blank=True, help_text=_("Empty means every session.")
+    )
+    tool_name = models.CharField(
+        _("tool"), max_length=200, help_text=_("An exact tool name, or a pattern with *.")
+    )
+    arguments_match = models.JSONField(
+        _("arguments match"),
+        null=True,
+        blank=True,
+        help_text=_(
+            'Optional: argument name → pattern with *, e.g. {"cmd": "git status*"}. '
+            "Every key given must match."
+        ),
+    )
+    decision = models.CharField(_("decision"), max_length=8, choices=Decision.choices)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("created by"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(_("created"), default=timezone.now)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
+    note = models.TextField(_("note"), blank=True)
+
+    class Meta:
+        verbose_name = _("rule")
+        verbose_name_plural = _("rules")
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["updated_at"], name="approvals_rule_updated")]
+
+    def __str__(self) -> str:
+        scope = self.session_id or "every session"
+        return f"{self.get_decision_display()} {self.tool_name} ({scope})"
+
+
+class ProcessLease(models.Model):
+    """A process that may hold waiting calls, kept alive by its heartbeat."""
+
+    key = models.CharField(max_length=64, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    pid = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        verbose_name = _("process lease")
+        verbose_name_plural = _("process leases")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid}"

@@ -1,0 +1,67 @@
+"""Shared fixtures: the live test database for other processes, and a clean listener."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TOOLGATE_QUIET", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_listener_before_db_teardown(django_db_setup, django_db_blocker):
+    """The listener's threads hold connections; close them before the test DB is dropped."""
+    yield
+    from approvals import listener
+
+    listener.shutdown()
+
+
+def database_url() -> str:
+    """A URL for the test database as it exists now (for child processes)."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(s['NAME']).resolve()}"
+    if connection.vendor == "postgresql":
+        auth = quote(s["USER"] or "")
+        if s.get("PASSWORD"):
+            auth += ":" + quote(s["PASSWORD"])
+        host = s.get("HOST") or "127.0.0.1"
+        port = s.get("PORT") or 5432
+        return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
+    raise RuntimeError(f"no URL for {connection.vendor}")
+
+
+@pytest.fixture
+def child_env(transactional_db) -> dict:
+    """Environment for a separate process that must use this test database."""
+    env = {**os.environ, "DATABASE_URL": database_url(), "TOOLGATE_QUIET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["DJANGO_SETTINGS_MODULE"] = "toolgate_site.settings"
+    return env
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
+
+
+def requires_postgres():
+    return pytest.mark.skipif(
+        not os.environ.get("TOOLGATE_TEST_DATABASE_URL"),
+        reason="set TOOLGATE_TEST_DATABASE_URL (PostgreSQL) to run; .ci/run does",
+    )
+
+
+def requires_redis():
+    return pytest.mark.skipif(
+        not os.environ.get("TOOLGATE_TEST_REDIS_URL"),
+        reason="set TOOLGATE_TEST_REDIS_URL (Redis) to run; .ci/run does",
+    )

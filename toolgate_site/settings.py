@@ -1,0 +1,158 @@
+"""Settings for the toolgate site, read from the environment.
+
+With nothing set it runs on the embedded default: SQLite (``db.sqlite3`` in
+the project root) and the in-memory channel layer. ``DATABASE_URL`` and
+``REDIS_URL`` switch to the scaled setup (PostgreSQL, channels_redis).
+"""
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+_DEV_SECRET = "django-insecure-toolgate-development-key-change-me-0123456789abcdef"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", _DEV_SECRET)
+DEBUG = _env_flag("DJANGO_DEBUG", default="DJANGO_SECRET_KEY" not in os.environ)
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+    if h.strip()
+]
+if SECRET_KEY == _DEV_SECRET and not os.environ.get("TOOLGATE_QUIET"):
+    warnings.warn(
+        "DJANGO_SECRET_KEY is not set: using the development key and DEBUG="
+        f"{DEBUG}. Set DJANGO_SECRET_KEY and DJANGO_DEBUG=0 in production.",
+        stacklevel=1,
+    )
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "approvals",
+    "toolgate_site",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "toolgate_site.urls"
+ASGI_APPLICATION = "toolgate_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_SQLITE_OPTIONS = {
+    # Agents and the server write at the same time: WAL lets readers run beside a
+    # writer, IMMEDIATE takes the write lock up front (no upgrade deadlocks), and
+    # the busy timeout waits for the lock instead of failing.
+    "init_command": (
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;"
+    ),
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+}
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "db.sqlite3",
+        }
+    }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"].setdefault("OPTIONS", {}).update(_SQLITE_OPTIONS)
+    # Tests use a file (not :memory:) so separate agent processes can share it.
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
+        "TOOLGATE_TEST_SQLITE", str(BASE_DIR / ".test-db.sqlite3")
+    )
+
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [os.environ["REDIS_URL"]],
+                "capacity": 1000,
+                "expiry": 30,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/approvals/"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # the inbox page reads it for the X-CSRFToken header
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+APPROVALS = {
+    "DECISION_TIMEOUT": int(os.environ.get("TOOLGATE_DECISION_TIMEOUT", "3600")),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler", "stream": sys.stderr}},
+    "loggers": {"approvals": {"handlers": ["console"], "level": "WARNING"}},
+}
