@@ -34,7 +34,7 @@ def pending_item(approval: Any) -> dict:
 
 
 def tool_start(approval: Any) -> dict:
-    """The event sent when a call is gated (``awaiting_confirmation`` false when a rule answered)."""
+    """The event sent when a call is gated (not awaiting confirmation when a rule answered)."""
     get = approval.get if isinstance(approval, dict) else lambda k: getattr(approval, k)
     event = {"type": "tool_start", **pending_item(approval)}
     event["awaiting_confirmation"] = get("status") == "pending"

@@ -275,8 +275,7 @@ def test_rolled_back_decision_wakes_nobody():
 
 def test_resume_with_the_same_approval_id_gets_the_recorded_answer():
     aid, slot = _begin(session="run-1")
-    gate.abort_tool_decision  # the first process went away without waiting
-    get_listener().unregister(slot)
+    get_listener().unregister(slot)  # the first process went away without waiting
     gate.resolve_tool_decision(aid, "allow")
     resumed = gate.begin_tool_decision("run-1", aid, tool_name="shell")
     assert gate.wait_tool_decision(resumed, aid) == "allow"
@@ -367,7 +366,8 @@ def test_500_async_waiters_hold_no_threads():
         slots = [await gate.abegin_tool_decision("many", aid, tool_name="t") for aid in ids]
         threads_before = threading.active_count()
         tasks = [
-            asyncio.create_task(gate.await_tool_decision(s, aid)) for s, aid in zip(slots, ids)
+            asyncio.create_task(gate.await_tool_decision(s, aid))
+            for s, aid in zip(slots, ids, strict=True)
         ]
         await asyncio.sleep(0.2)
         threads_waiting = threading.active_count()
