@@ -105,6 +105,12 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "TOOLGATE_TEST_SQLITE", str(BASE_DIR / ".test-db.sqlite3")
     )
 
+if os.environ.get("TOOLGATE_TEST_DB_NAME") and not DATABASES["default"]["ENGINE"].endswith(
+    "sqlite3"
+):
+    # Lets concurrent test runs on one PostgreSQL server use separate test databases.
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["TOOLGATE_TEST_DB_NAME"]
+
 if os.environ.get("REDIS_URL"):
     CHANNEL_LAYERS = {
         "default": {
@@ -148,6 +154,8 @@ X_FRAME_OPTIONS = "DENY"
 
 APPROVALS = {
     "DECISION_TIMEOUT": int(os.environ.get("TOOLGATE_DECISION_TIMEOUT", "3600")),
+    # Separate channel-layer groups for separate deployments (or test runs) on one Redis.
+    "GROUP_PREFIX": os.environ.get("TOOLGATE_GROUP_PREFIX", "approvals"),
 }
 
 LOGGING = {
