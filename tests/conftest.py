@@ -20,6 +20,21 @@ def _stop_listener_before_db_teardown(django_db_setup, django_db_blocker):
     from approvals import listener
 
     listener.shutdown()
+    _drop_other_connections(django_db_blocker)
+
+
+def _drop_other_connections(django_db_blocker) -> None:
+    """Close connections other threads left open (e.g. asgiref's executor) so the test
+    database can be dropped."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 def database_url() -> str:
