@@ -254,8 +254,9 @@ async def await_tool_decision(
             raise
         finally:
             remove_hook()
-        status = await sync_to_async(_finish)(slot, approval_id, outcome)
-        return _answer(status)
+        if outcome is not None and outcome != INTERRUPTED:
+            return _answer(outcome)  # decided: nothing left to record
+        return _answer(await sync_to_async(_finish)(slot, approval_id, outcome))
     finally:
         get_listener().unregister(slot)
 
