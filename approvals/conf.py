@@ -41,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a process trusts its cached rules before asking the database
     # whether they changed (changes in this process apply at once).
     "RULES_CACHE_SECONDS": 1.0,
+    # Where the inbox page's script opens its WebSocket: a path on the page's host
+    # (ws:// or wss:// follows the page) or a full ws(s):// URL.
+    "INBOX_WEBSOCKET_URL": "/ws/approvals/",
 }
 
 
