@@ -112,7 +112,7 @@ def decide(
         if changed and remember and status in (Status.ALLOWED, Status.DENIED):
             from . import rules
 
-            rules.remember(row, status, remember, by)
+            rules.remember(row, status, remember, by, reason or "")
         if changed:
             event = events.tool_decision(row, status, via, by, reason or "")
             after.append(lambda: _announce(row["pk"], event))
@@ -229,8 +229,10 @@ def abandon_orphans(lease_timeout: float, limit: int = 1000) -> int:
 
     cutoff = timezone.now() - timedelta(seconds=lease_timeout)
     alive = ProcessLease.objects.filter(heartbeat_at__gt=cutoff).values("key")
+    # A call younger than the lease timeout is never judged: its process may
+    # simply not have beaten yet (or be re-writing a lease that went missing).
     ids = list(
-        Approval.objects.filter(status=Status.PENDING)
+        Approval.objects.filter(status=Status.PENDING, created_at__lt=cutoff)
         .exclude(waiter="")
         .exclude(waiter__in=alive)
         .order_by("created_at")
