@@ -63,6 +63,7 @@ def test_missing_channel_layer_warns():
         assert [w.id for w in checks.check_channel_layer()] == ["approvals.W004"]
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_sqlite_without_wal_or_immediate_warns():
     dbs = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}}
     with override_settings(DATABASES=dbs):

@@ -60,6 +60,25 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+try:
+    from django.utils.csp import CSP as _CSP
+except ImportError:  # Django 5.2: the inbox page sends its own policy header.
+    _CSP = None
+if _CSP is not None:
+    # No inline script or inline event handler runs anywhere on the site.
+    MIDDLEWARE.append("django.middleware.csp.ContentSecurityPolicyMiddleware")
+    SECURE_CSP = {
+        "default-src": [_CSP.SELF],
+        "script-src": [_CSP.SELF],
+        "style-src": [_CSP.SELF],
+        "img-src": [_CSP.SELF, "data:"],
+        "connect-src": [_CSP.SELF],
+        "object-src": [_CSP.NONE],
+        "base-uri": [_CSP.NONE],
+        "form-action": [_CSP.SELF],
+        "frame-ancestors": [_CSP.NONE],
+    }
+
 ROOT_URLCONF = "toolgate_site.urls"
 ASGI_APPLICATION = "toolgate_site.asgi.application"
 
@@ -151,6 +170,11 @@ SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Behind TLS in production: redirect plain HTTP and send HSTS (see README, "Deploying").
+SECURE_SSL_REDIRECT = _env_flag("DJANGO_SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "0"))
+if os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 APPROVALS = {
     "DECISION_TIMEOUT": int(os.environ.get("TOOLGATE_DECISION_TIMEOUT", "3600")),
