@@ -1,0 +1,96 @@
+"""The inbox page: the pending tool calls a person may decide, live.
+
+The page itself is a template plus a small ES module (``approvals/inbox.js``).
+It learns every endpoint from the page (``{% url %}``-rendered data attributes
+and the ``INBOX_WEBSOCKET_URL`` setting), so the app's URL modules can be
+mounted under any prefix. Include :mod:`approvals.page_urls` to serve it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render, resolve_url
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from .conf import setting
+from .decisions import visible_to
+from .models import Status
+
+#: How many recent decisions the page lists below the pending calls.
+HISTORY_LENGTH = 12
+
+#: The page's own policy, used when the host has not configured Django's CSP
+#: (Django 6+). Inline script and inline event handlers never run.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+
+_DJANGO_CSP_MIDDLEWARE = "django.middleware.csp.ContentSecurityPolicyMiddleware"
+
+
+def _session_filter(request: HttpRequest) -> str:
+    value = request.GET.get("session_id", "")
+    # An over-long or odd value cannot match a session; show it as no filter.
+    if len(value) > 255 or "\x00" in value:
+        return ""
+    return value
+
+
+def recent_decisions(user: Any, session_id: str = "", limit: int = HISTORY_LENGTH) -> list:
+    """The most recent decided calls ``user`` may see, newest first."""
+    qs = visible_to(user).exclude(status=Status.PENDING).select_related("decided_by")
+    if session_id:
+        qs = qs.filter(session_id=session_id)
+    return list(qs.order_by("-decided_at", "-pk")[:limit])
+
+
+def uses_django_csp() -> bool:
+    """True when Django's own CSP middleware is installed and has a policy to send."""
+    return _DJANGO_CSP_MIDDLEWARE in settings.MIDDLEWARE and bool(
+        getattr(settings, "SECURE_CSP", None)
+    )
+
+
+def add_content_security_policy(response: HttpResponse) -> HttpResponse:
+    """Give ``response`` the page's CSP unless Django's CSP middleware will send one."""
+    if not uses_django_csp() and "Content-Security-Policy" not in response:
+        response["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    return response
+
+
+@require_safe
+@never_cache
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    """Render the inbox for the signed-in user, optionally narrowed to one session.
+
+    Anonymous visitors are redirected to ``settings.LOGIN_URL``. The pending
+    calls themselves arrive over the WebSocket (a snapshot on every connect);
+    the page renders the recent history so it is useful before the socket opens.
+    """
+    session_id = _session_filter(request)
+    context = {
+        "session_id": session_id,
+        "websocket_url": setting("INBOX_WEBSOCKET_URL"),
+        "history": recent_decisions(request.user, session_id),
+        "login_url": resolve_url(settings.LOGIN_URL),
+        "server_time": timezone.now().isoformat(),
+    }
+    response = render(request, "approvals/inbox.html", context)
+    return add_content_security_policy(response)

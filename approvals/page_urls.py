@@ -1,0 +1,15 @@
+"""The inbox page. Include under any prefix: ``path("approvals/", include("approvals.page_urls"))``.
+
+It lives in its own namespace (``approvals_page``) so it can sit beside
+``approvals.urls`` (namespace ``approvals``) without a clash; the page finds
+the JSON endpoints by their ``approvals:`` names.
+"""
+
+from django.urls import path
+
+from .inbox import inbox
+
+app_name = "approvals_page"
+urlpatterns = [
+    path("", inbox, name="inbox"),
+]
