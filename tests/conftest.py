@@ -23,6 +23,16 @@ def _stop_listener_before_db_teardown(django_db_setup, django_db_blocker):
     _drop_other_connections(django_db_blocker)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rule_cache():
+    """Rules an earlier test cached (then rolled back or flushed) must not answer this
+    test's calls: every test starts with this process's rule cache empty."""
+    from approvals import rules
+
+    rules.invalidate(local_only=True)
+    yield
+
+
 def _drop_other_connections(django_db_blocker) -> None:
     """Close connections other threads left open (e.g. asgiref's executor) so the test
     database can be dropped."""

@@ -1,0 +1,586 @@
+"""Rules: always allow, always deny, remembered decisions, and reasons fed back."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.exceptions import PermissionDenied
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from approvals import decisions, gate, rules
+from approvals.listener import get_listener
+from approvals.models import Approval, Rule
+from approvals.signals import approval_decided
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob")
+
+
+@pytest.fixture
+def decider(django_user_model):
+    user = django_user_model.objects.create_user("dora")
+    user.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    return django_user_model.objects.get(pk=user.pk)  # fresh permission cache
+
+
+def _begin(session="s1", tool="shell", arguments=None, user=None):
+    aid = gate.new_approval_id()
+    args = {"cmd": "ls"} if arguments is None else arguments
+    return aid, gate.begin_tool_decision(session, aid, tool_name=tool, arguments=args, user=user)
+
+
+def outcome(session="s1", tool="shell", arguments=None, user=None) -> str:
+    """Gate one call: the status a rule gave it at once, or ``"pending"`` (then aborted)."""
+    aid, slot = _begin(session, tool, arguments, user)
+    status = Approval.objects.get(approval_id=aid).status
+    if status == "pending":
+        gate.abort_tool_decision(slot, aid)
+    else:
+        answer = {"allowed": "allow", "denied": "deny"}[status]
+        assert gate.wait_tool_decision(slot, aid, timeout=0.01) == answer
+    return status
+
+
+def rule(**fields) -> Rule:
+    fields.setdefault("decision", "allow")
+    return Rule.objects.create(**fields)
+
+
+# -- patterns ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pattern, value, expected",
+    [
+        ("shell", "shell", True),
+        ("shell", "Shell", False),
+        ("shell", "shell2", False),
+        ("*", "", True),
+        ("*", "anything at all", True),
+        ("**", "x", True),
+        ("git_*", "git_status", True),
+        ("git_*", "git_", True),
+        ("git_*", "agit_status", False),
+        ("*_file", "write_file", True),
+        ("*_file", "write_file2", False),
+        ("a*b*c", "abc", True),
+        ("a*b*c", "aXbYc", True),
+        ("a*b*c", "acb", False),
+        ("ab*ba", "aba", False),
+        ("ab*ba", "abba", True),
+        ("git status*", "git status --short", True),
+        ("git status*", "git push; git status", False),
+        ("rm -rf *", "rm -rf /", True),
+        ("*.*", "a.b", True),
+        ("a.c", "abc", False),  # only * is special
+        ("[ab]", "a", False),
+        ("x?", "xy", False),
+    ],
+)
+def test_pattern(pattern, value, expected):
+    assert rules.matches(pattern, value) is expected
+
+
+def test_patterns_agree_with_a_regex_reference_on_random_input():
+    rng = random.Random(6)
+    for _ in range(3000):
+        pattern = "".join(rng.choice("ab*") for _ in range(rng.randint(0, 6)))
+        value = "".join(rng.choice("ab") for _ in range(rng.randint(0, 8)))
+        regex = "".join(".*" if c == "*" else re.escape(c) for c in pattern)
+        expected = re.fullmatch(regex, value, re.S) is not None
+        assert rules.matches(pattern, value) is expected, (pattern, value)
+
+
+def test_a_pathological_pattern_is_fast():
+    started = time.perf_counter()
+    assert not rules.matches("*a" * 30 + "*b", "a" * 20_000)
+    assert time.perf_counter() - started < 0.5
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        ("x", "x"),
+        (1, "1"),
+        (1.5, "1.5"),
+        (True, "true"),
+        (None, "null"),
+        (["a", "b"], '["a","b"]'),
+        ({"b": 1, "a": "é"}, '{"a":"é","b":1}'),
+    ],
+)
+def test_non_string_arguments_compare_as_compact_json(value, text):
+    assert rules.as_text(value) == text
+
+
+# -- matching: scope, precedence, expiry ------------------------------------
+
+
+def test_no_rule_asks():
+    assert outcome() == "pending"
+
+
+def test_allow_rule_answers_at_once_and_names_itself():
+    r = rule(tool_name="shell")
+    aid, slot = _begin()
+    started = time.perf_counter()
+    assert gate.wait_tool_decision(slot, aid) == "allow"
+    assert time.perf_counter() - started < 0.1
+    row = Approval.objects.get(approval_id=aid)
+    assert (row.status, row.decided_via, row.decided_by) == ("allowed", "rule", None)
+    assert row.reason == f"Allowed by rule #{r.pk} (shell)"
+    assert row.decided_at == row.created_at
+    assert row.waiter == ""
+
+
+def test_rule_for_another_user_does_not_apply(alice, bob):
+    rule(user=alice, tool_name="shell")
+    assert outcome(user=alice) == "allowed"
+    assert outcome(user=alice.pk) == "allowed"  # a pk works as well as the user
+    assert outcome(user=bob) == "pending"
+    assert outcome(user=None) == "pending"  # a call without a user: only every-user rules
+    assert rules.match(str(alice.pk), "s1", "shell", {}) is not None
+
+
+def test_rule_without_user_applies_to_every_user(alice, bob):
+    rule(user=None, tool_name="shell")
+    assert [outcome(user=u) for u in (alice, bob, None)] == ["allowed"] * 3
+
+
+def test_session_rule_covers_only_its_session():
+    rule(session_id="s1", tool_name="shell")
+    assert outcome(session="s1") == "allowed"
+    assert outcome(session="s2") == "pending"
+    assert outcome(session="") == "pending"
+
+
+def test_other_tools_still_ask():
+    rule(tool_name="shell")
+    assert outcome(tool="shell") == "allowed"
+    assert outcome(tool="shell2") == "pending"
+    assert outcome(tool="write_file") == "pending"
+
+
+def test_tool_name_patterns():
+    rule(tool_name="read_*")
+    rule(tool_name="*_dangerous", decision="deny")
+    assert outcome(tool="read_file") == "allowed"
+    assert outcome(tool="read_dangerous") == "denied"
+    assert outcome(tool="write_file") == "pending"
+
+
+def test_arguments_match_patterns():
+    rule(tool_name="shell", arguments_match={"cmd": "git status*"})
+    assert outcome(arguments={"cmd": "git status"}) == "allowed"
+    assert outcome(arguments={"cmd": "git status --short", "cwd": "/"}) == "allowed"
+    assert outcome(arguments={"cmd": "git push"}) == "pending"
+    assert outcome(arguments={"cmd": "ls; git status"}) == "pending"
+    assert outcome(arguments={"command": "git status"}) == "pending"  # missing key: no match
+    assert outcome(arguments={}) == "pending"
+
+
+def test_every_argument_key_must_match():
+    rule(tool_name="write_file", arguments_match={"path": "/tmp/*", "mode": "w"})
+    assert outcome(tool="write_file", arguments={"path": "/tmp/x", "mode": "w"}) == "allowed"
+    assert outcome(tool="write_file", arguments={"path": "/tmp/x", "mode": "a"}) == "pending"
+    assert outcome(tool="write_file", arguments={"path": "/etc/x", "mode": "w"}) == "pending"
+    assert outcome(tool="write_file", arguments={"path": "/tmp/x"}) == "pending"
+
+
+def test_non_string_argument_values_match_their_json_text():
+    rule(tool_name="fetch", arguments_match={"retries": "1", "follow": "true", "ids": "[1,*]"})
+    args = {"retries": 1, "follow": True, "ids": [1, 2, 3]}
+    assert outcome(tool="fetch", arguments=args) == "allowed"
+    assert outcome(tool="fetch", arguments={**args, "retries": 2}) == "pending"
+    assert outcome(tool="fetch", arguments={**args, "follow": "yes"}) == "pending"
+    assert outcome(tool="fetch", arguments={**args, "ids": [2, 1]}) == "pending"
+
+
+def test_deny_beats_every_allow(alice):
+    rule(user=alice, session_id="s1", tool_name="shell")
+    rule(tool_name="*", decision="allow")
+    deny = rule(tool_name="sh*", decision="deny", arguments_match={"cmd": "rm *"})
+    assert outcome(user=alice, arguments={"cmd": "ls"}) == "allowed"
+    aid, slot = _begin(user=alice, arguments={"cmd": "rm -rf /"})
+    assert gate.wait_tool_decision(slot, aid) == "deny"
+    row = Approval.objects.get(approval_id=aid)
+    assert (row.status, row.decided_via) == ("denied", "rule")
+    assert row.reason == f"Denied by rule #{deny.pk} (sh*)"
+
+
+def test_oldest_matching_rule_of_the_winning_kind_answers():
+    first = rule(tool_name="*", decision="deny")
+    rule(tool_name="shell", decision="deny")
+    assert rules.match(None, "s1", "shell", {}).pk == first.pk
+
+
+def test_expired_rules_are_ignored():
+    now = timezone.now()
+    rule(tool_name="shell", decision="deny", expires_at=now - timedelta(seconds=1))
+    rule(tool_name="shell", expires_at=now + timedelta(seconds=0.4))
+    assert outcome() == "allowed"  # the expired deny does not beat the live allow
+    time.sleep(0.45)
+    assert outcome() == "pending"  # expired while cached: ignored without a reload
+
+
+def test_a_malformed_arguments_match_matches_nothing():
+    rule(tool_name="shell", arguments_match=["cmd"])
+    assert outcome() == "pending"
+
+
+def test_index_agrees_with_a_plain_scan_of_random_rules():
+    rng = random.Random(60)
+    now = timezone.now()
+    tools = ["shell", "read_file", "write_file", "*", "read_*", "*_file", "sh*ll"]
+    rows = [
+        {
+            "pk": pk,
+            "user_id": rng.choice([None, 1, 2]),
+            "session_id": rng.choice(["", "s1", "s2"]),
+            "tool_name": rng.choice(tools),
+            "arguments_match": rng.choice([None, {}, {"a": "x*"}, {"a": "*y", "b": "1"}]),
+            "decision": rng.choice(["allow", "deny"]),
+            "expires_at": rng.choice([None, now - timedelta(1), now + timedelta(1)]),
+            "note": "",
+        }
+        for pk in range(1, 400)
+    ]
+    cached = [rules._cached(row) for row in rows]
+    index = rules.RuleIndex(cached)
+
+    def plain_scan(user, session, tool, args):
+        found = [
+            r
+            for r in cached
+            if r.user_id in (None, user)
+            and r.session_id in ("", session)
+            and r.applies(tool, args, now)
+        ]
+        denies = [r.pk for r in found if r.decision == "deny"]
+        allows = [r.pk for r in found if r.decision == "allow"]
+        return min(denies) if denies else (min(allows) if allows else None)
+
+    for _ in range(2000):
+        call = (
+            rng.choice([None, 1, 2, 3]),
+            rng.choice(["", "s1", "s2", "s3"]),
+            rng.choice(["shell", "read_file", "write_file", "other"]),
+            rng.choice([{}, {"a": "xy"}, {"a": "xz", "b": 1}, {"a": "y", "b": "1"}]),
+        )
+        got = index.match(*call, now)
+        assert (got.pk if got else None) == plain_scan(*call), call
+
+
+# -- caching -------------------------------------------------------------------
+
+
+def _count_rule_queries():
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        if "approvals_rule" in sql:
+            seen.append(sql)
+        return execute(sql, params, many, context)
+
+    return seen, connection.execute_wrapper(wrapper)
+
+
+def test_the_rule_table_is_not_queried_on_every_call():
+    rule(tool_name="shell")
+    with override_settings(APPROVALS={"RULES_CACHE_SECONDS": 0.3}):
+        rules.match(None, "s1", "shell", {})  # warm
+        seen, wrapping = _count_rule_queries()
+        with wrapping:
+            for _ in range(200):
+                assert rules.match(None, "s1", "shell", {}) is not None
+            assert seen == []
+            time.sleep(0.35)
+            assert rules.match(None, "s1", "shell", {}) is not None
+            assert len(seen) == 1  # the version check; nothing changed, so no reload
+            assert rules.match(None, "s1", "shell", {}) is not None
+            assert len(seen) == 1
+
+
+def test_a_change_in_this_process_applies_at_once():
+    with override_settings(APPROVALS={"RULES_CACHE_SECONDS": 3600}):
+        assert outcome() == "pending"
+        r = rule(tool_name="shell", decision="deny")
+        assert outcome() == "denied"
+        r.decision = "allow"
+        r.save()
+        assert outcome() == "allowed"
+        r.delete()
+        assert outcome() == "pending"
+
+
+# -- across processes ------------------------------------------------------------
+
+CHANGE_RULES = """
+import sys, time, django
+django.setup()
+from approvals.models import Rule
+if sys.argv[1] == "create":
+    Rule.objects.create(tool_name="cross_tool", decision="allow", note="from another process")
+else:
+    Rule.objects.filter(tool_name="cross_tool").delete()
+print(time.time(), flush=True)
+time.sleep(float(sys.argv[2]))  # let a cross-process channel layer carry the news
+"""
+
+
+def _in_child(env, python, action: str, linger: float = 0.0) -> float:
+    out = subprocess.run(
+        [python, "-c", CHANGE_RULES, action, str(linger)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.split()[0])
+
+
+def _seconds_until(expected: str, since: float, limit: float = 3.0) -> float:
+    while True:
+        status = outcome(tool="cross_tool")
+        if status == expected:
+            return time.time() - since
+        assert time.time() - since < limit, f"still {status!r} after {limit} s"
+        time.sleep(0.01)
+
+
+def test_rule_changed_in_another_process_applies_here_within_a_second(child_env, python):
+    limit = rules.setting("RULES_CACHE_SECONDS")
+    assert outcome(tool="cross_tool") == "pending"  # this process has the rules cached
+    created = _in_child(child_env, python, "create")
+    assert _seconds_until("allowed", created) <= limit + 0.25
+    assert outcome(tool="cross_tool") == "allowed"
+    deleted = _in_child(child_env, python, "delete")
+    assert _seconds_until("pending", deleted) <= limit + 0.25
+
+
+@pytest.mark.redis
+@override_settings(APPROVALS={"RULES_CACHE_SECONDS": 3600})
+def test_with_redis_a_rule_change_arrives_in_milliseconds(child_env, python):
+    from approvals.listener import _cross_process_layer
+
+    if not rules.setting("GROUP_PREFIX") or _cross_process_layer() is None:
+        pytest.skip("runs in make test-services (needs the Redis channel layer)")
+    get_listener()  # joined the group before the child publishes
+    assert outcome(tool="cross_tool") == "pending"
+    created = _in_child(child_env, python, "create", linger=1.0)
+    assert _seconds_until("allowed", created, limit=2.0) < 0.5  # not the (hour-long) re-check
+
+
+# -- events and signals -------------------------------------------------------------
+
+
+def test_rule_decided_call_is_announced_decided_and_signalled_once():
+    rule(tool_name="shell")
+    seen: list[dict] = []
+    lock = threading.Lock()
+
+    def collect(event):
+        with lock:
+            seen.append(event)
+
+    decided: list[tuple] = []
+
+    def on_decided(sender, approval, status, decided_via, decided_by, **kw):
+        decided.append((approval.approval_id, status, decided_via, decided_by))
+
+    unsubscribe = get_listener().subscribe(collect)
+    approval_decided.connect(on_decided)
+    try:
+        aid, slot = _begin()
+        assert gate.wait_tool_decision(slot, aid) == "allow"
+        time.sleep(0.3)  # anything late (re-check, tail) would show up by now
+    finally:
+        unsubscribe()
+        approval_decided.disconnect(on_decided)
+    mine = [e for e in seen if e.get("approval_id") == aid]
+    starts = [e for e in mine if e["type"] == "tool_start"]
+    decisions_seen = [e for e in mine if e["type"] == "tool_decision"]
+    assert len(starts) == 1 and starts[0]["awaiting_confirmation"] is False
+    assert len(decisions_seen) == 1
+    assert (decisions_seen[0]["status"], decisions_seen[0]["decided_via"]) == ("allowed", "rule")
+    assert decided == [(aid, "allowed", "rule", None)]
+
+
+def test_a_call_that_asks_is_announced_awaiting_confirmation():
+    seen: list[dict] = []
+    unsubscribe = get_listener().subscribe(seen.append)
+    try:
+        aid, slot = _begin()
+        gate.abort_tool_decision(slot, aid)
+    finally:
+        unsubscribe()
+    starts = [e for e in seen if e.get("approval_id") == aid and e["type"] == "tool_start"]
+    assert [e["awaiting_confirmation"] for e in starts] == [True]
+
+
+# -- remembering -------------------------------------------------------------------
+
+
+def _decide(aid, answer="allow", **kw):
+    status = decisions.status_for_answer(answer)
+    kw.setdefault("via", "web")
+    return decisions.decide(aid, status, **kw)
+
+
+def test_remember_session_covers_this_user_session_and_tool(alice, bob):
+    aid, slot = _begin(user=alice)
+    assert _decide(aid, by=alice, viewer=alice, remember="session").won
+    assert gate.wait_tool_decision(slot, aid) == "allow"
+    r = Rule.objects.get()
+    assert (r.user, r.session_id, r.tool_name, r.decision) == (alice, "s1", "shell", "allow")
+    assert (r.created_by, r.arguments_match, r.expires_at) == (alice, None, None)
+    assert outcome(user=alice) == "allowed"
+    assert outcome(user=alice, arguments={"cmd": "anything else"}) == "allowed"
+    assert outcome(user=alice, session="s2") == "pending"
+    assert outcome(user=alice, tool="write_file") == "pending"
+    assert outcome(user=bob) == "pending"
+
+
+def test_remember_always_covers_every_session_of_this_user_and_tool(alice, bob):
+    aid, slot = _begin(user=alice)
+    assert _decide(aid, "deny", by=alice, viewer=alice, remember="always").won
+    gate.abort_tool_decision(slot, aid)
+    r = Rule.objects.get()
+    assert (r.user, r.session_id, r.tool_name, r.decision) == (alice, "", "shell", "deny")
+    assert outcome(user=alice, session="s1") == "denied"
+    assert outcome(user=alice, session="elsewhere") == "denied"
+    assert outcome(user=alice, tool="read_file") == "pending"
+    assert outcome(user=bob) == "pending"
+
+
+def test_remembering_twice_keeps_one_rule(alice):
+    for _ in range(2):
+        aid, slot = _begin(user=alice, tool="fresh_tool")
+        if Approval.objects.get(approval_id=aid).status == "pending":
+            assert _decide(aid, by=alice, viewer=alice, remember="always").won
+        else:  # the first remembered rule already answers; remember again by hand
+            rules.remember(
+                {"approval_id": aid, "user_id": alice.pk, "session_id": "s1"}
+                | {"tool_name": "fresh_tool"},
+                "allowed",
+                "always",
+                alice,
+            )
+        gate.abort_tool_decision(slot, aid)
+    assert Rule.objects.count() == 1
+
+
+def test_a_deciders_remembered_rule_belongs_to_the_calls_user(alice, decider):
+    aid, slot = _begin(user=alice)
+    assert _decide(aid, by=decider, viewer=decider, remember="always").won
+    gate.abort_tool_decision(slot, aid)
+    r = Rule.objects.get()
+    assert (r.user, r.created_by) == (alice, decider)
+    assert outcome(user=alice) == "allowed"
+    assert outcome(user=decider) == "pending"
+
+
+def test_remembered_rule_for_a_call_without_user_covers_every_user(alice, decider):
+    aid, slot = _begin(user=None)
+    assert _decide(aid, by=decider, viewer=decider, remember="session").won
+    gate.abort_tool_decision(slot, aid)
+    assert Rule.objects.get().user is None
+    assert outcome(user=alice, session="s1") == "allowed"
+    assert outcome(user=alice, session="s2") == "pending"
+
+
+def test_a_user_cannot_remember_a_rule_for_someone_elses_call(alice, bob):
+    aid, slot = _begin(user=alice)
+    with pytest.raises(PermissionDenied):
+        _decide(aid, by=bob, remember="always")  # no viewer: the caller skipped the check
+    assert Approval.objects.get(approval_id=aid).status == "pending"
+    assert not Rule.objects.exists()
+    gate.abort_tool_decision(slot, aid)
+
+
+def test_remember_session_needs_a_session(alice):
+    aid, slot = _begin(session="", user=alice)
+    with pytest.raises(ValueError, match="session"):
+        _decide(aid, by=alice, viewer=alice, remember="session")
+    assert Approval.objects.get(approval_id=aid).status == "pending"
+    assert not Rule.objects.exists()
+    assert _decide(aid, by=alice, viewer=alice, remember="always").won
+    gate.abort_tool_decision(slot, aid)
+
+
+def test_a_rolled_back_decision_leaves_no_rule(alice):
+    aid, slot = _begin(user=alice)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert _decide(aid, by=alice, viewer=alice, remember="always").won
+        assert Rule.objects.count() == 1
+        raise RuntimeError("roll back")
+    assert not Rule.objects.exists()
+    assert Approval.objects.get(approval_id=aid).status == "pending"
+    assert slot.status is None  # nobody woke
+    assert outcome(user=alice, tool="shell") == "pending"
+    gate.abort_tool_decision(slot, aid)
+
+
+def test_remember_is_ignored_for_a_lost_decision(alice):
+    aid, slot = _begin(user=alice)
+    assert _decide(aid, by=alice).won
+    assert _decide(aid, "deny", by=alice, remember="always").error == "already_decided"
+    assert not Rule.objects.exists()
+    gate.wait_tool_decision(slot, aid)
+
+
+# -- reasons fed back -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("via", ["web", "websocket", "admin", "api"])
+def test_denial_message_carries_the_reason_whatever_the_channel(alice, via):
+    aid, slot = _begin(user=alice)
+    assert _decide(aid, "deny", via=via, by=alice, reason=f"not via {via} today").won
+    assert gate.wait_tool_decision(slot, aid) == "deny"
+    assert Approval.objects.get(approval_id=aid).reason == f"not via {via} today"
+    assert gate.denial_message(aid) == f"{gate.TOOL_REJECTED_MESSAGE} Reason: not via {via} today"
+
+
+def test_denial_without_reason_is_the_plain_message(alice):
+    aid, slot = _begin(user=alice)
+    assert gate.resolve_tool_decision(aid, "deny", "s1", user=alice)
+    gate.wait_tool_decision(slot, aid)
+    assert gate.denial_message(aid) == gate.TOOL_REJECTED_MESSAGE
+
+
+def test_a_deny_rules_note_reaches_the_model():
+    r = rule(tool_name="deploy", decision="deny", note="Deploys go through CI, not the agent.")
+    aid, slot = _begin(tool="deploy")
+    assert gate.wait_tool_decision(slot, aid) == "deny"
+    assert gate.denial_message(aid) == (
+        f"{gate.TOOL_REJECTED_MESSAGE} Reason: Denied by rule #{r.pk} (deploy): "
+        "Deploys go through CI, not the agent."
+    )
+
+
+def test_a_remembered_denials_reason_is_fed_back_on_later_calls(alice):
+    aid, slot = _begin(user=alice)
+    assert _decide(aid, "deny", by=alice, reason="use the read-only tool", remember="always").won
+    gate.wait_tool_decision(slot, aid)
+    later, slot = _begin(user=alice, session="s9")
+    assert gate.wait_tool_decision(slot, later) == "deny"
+    assert gate.denial_message(later).endswith("(shell): use the read-only tool")
