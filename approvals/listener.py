@@ -414,3 +414,9 @@ def shutdown() -> None:
         if _listener is not None and _listener.pid == os.getpid():
             _listener.stop()
         _listener = None
+
+
+def current() -> Listener | None:
+    """This process's listener if one is running, without starting one."""
+    found = _listener
+    return found if found is not None and found.pid == os.getpid() else None
