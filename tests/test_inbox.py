@@ -1,0 +1,198 @@
+"""The inbox page as the Django test client sees it (the live behaviour is in test_browser)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.inbox import CONTENT_SECURITY_POLICY, uses_django_csp
+from approvals.models import Approval
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("ada", password="pw-ada-123")
+
+
+@pytest.fixture
+def page(client, user):
+    client.force_login(user)
+    return client
+
+
+def _decided(user, approval_id, tool, status="denied", reason="", session="s1", by=None):
+    now = timezone.now()
+    return Approval.objects.create(
+        approval_id=approval_id,
+        session_id=session,
+        user=user,
+        tool_name=tool,
+        status=status,
+        decided_via="web",
+        decided_by=by,
+        reason=reason,
+        decided_at=now,
+        expires_at=now + timedelta(hours=1),
+    )
+
+
+def test_anonymous_visitor_is_sent_to_the_login_page(client, settings):
+    response = client.get("/approvals/?session_id=abc")
+    assert response.status_code == 302
+    login = reverse(settings.LOGIN_URL)
+    assert response["Location"].startswith(login + "?next=")
+    assert "session_id" in response["Location"]
+
+
+def test_login_page_signs_in_and_returns_to_the_inbox(client, user):
+    response = client.get("/accounts/login/?next=/approvals/")
+    assert response.status_code == 200
+    assert b'name="password"' in response.content
+    response = client.post(
+        "/accounts/login/",
+        {"username": "ada", "password": "pw-ada-123", "next": "/approvals/"},
+    )
+    assert response.status_code == 302
+    assert response["Location"] == "/approvals/"
+    assert client.get("/approvals/").status_code == 200
+
+
+def test_wrong_password_shows_an_error_not_the_inbox(client, user):
+    response = client.post("/accounts/login/", {"username": "ada", "password": "nope"})
+    assert response.status_code == 200
+    assert b'class="errors"' in response.content
+
+
+def test_logout_is_a_post_and_ends_the_session(page):
+    response = page.post("/accounts/logout/")
+    assert response.status_code == 302
+    assert page.get("/approvals/").status_code == 302
+
+
+def _data(html: str, name: str) -> str:
+    match = re.search(rf'data-{name}="([^"]*)"', html)
+    assert match, f"data-{name} missing"
+    return match.group(1)
+
+
+def test_page_names_every_endpoint_it_uses(page):
+    html = page.get("/approvals/").content.decode()
+    assert _data(html, "websocket-url") == "/ws/approvals/"
+    assert _data(html, "confirm-url") == reverse("approvals:tool-confirm")
+    assert _data(html, "pending-url") == reverse("approvals:tool-approvals")
+    assert _data(html, "rules-url") == reverse("approvals:rules")
+    revoke = _data(html, "rule-revoke-url")
+    assert _data(html, "rule-id-placeholder") in revoke
+    assert revoke.replace(_data(html, "rule-id-placeholder"), "7") == reverse(
+        "approvals:rule-revoke", args=[7]
+    )
+    assert _data(html, "csrf-token")
+    assert _data(html, "login-url") == reverse("login")
+
+
+def test_websocket_url_comes_from_the_setting(page, settings):
+    with override_settings(APPROVALS={**settings.APPROVALS, "INBOX_WEBSOCKET_URL": "/live/x/"}):
+        html = page.get("/approvals/").content.decode()
+    assert _data(html, "websocket-url") == "/live/x/"
+
+
+def test_session_filter_is_passed_to_the_script_and_shown(page):
+    html = page.get("/approvals/", {"session_id": "run-42"}).content.decode()
+    assert _data(html, "session-id") == "run-42"
+    assert "Showing session <code>run-42</code>" in html
+
+
+def test_an_oversized_session_filter_is_ignored(page):
+    html = page.get("/approvals/", {"session_id": "x" * 300}).content.decode()
+    assert _data(html, "session-id") == ""
+
+
+def test_csp_header_forbids_inline_script(page):
+    response = page.get("/approvals/")
+    policy = response["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
+    assert directives["script-src"] == "'self'"
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    if not uses_django_csp():
+        assert policy == CONTENT_SECURITY_POLICY
+
+
+def _attributes(html: str) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.extend((tag, name) for name, _ in attrs)
+
+    Collect().feed(html)
+    return found
+
+
+def test_the_html_has_no_inline_script_or_event_handler(page, user):
+    _decided(user, "h1", "tool<script>alert(1)</script>", reason='"><img src=x onerror=alert(1)>')
+    html = page.get("/approvals/").content.decode()
+    for tag in re.findall(r"<script\b[^>]*>", html, flags=re.I):
+        assert re.search(r'\bsrc="[^"]+"', tag), f"inline script: {tag}"
+        assert 'type="module"' in tag
+    assert not re.search(r"<script\b[^>]*>(?!</script>)", html), "a script element has a body"
+    handlers = [(tag, name) for tag, name in _attributes(html) if name.startswith("on")]
+    assert not handlers, f"inline event handlers: {handlers}"
+    assert ("img", "src") not in _attributes(html)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "javascript:" not in html
+
+
+def test_history_lists_recent_decisions_of_this_user_only(page, user, django_user_model):
+    other = django_user_model.objects.create_user("bob")
+    _decided(user, "mine", "send_email", reason="wrong recipient", by=user)
+    _decided(other, "theirs", "secret_tool")
+    Approval.objects.create(
+        approval_id="waiting",
+        session_id="s1",
+        user=user,
+        tool_name="pending_tool",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    html = page.get("/approvals/").content.decode()
+    assert "send_email" in html and "wrong recipient" in html and "by ada via web" in html
+    assert "secret_tool" not in html
+    assert "pending_tool" not in html
+
+
+def test_history_follows_the_session_filter(page, user):
+    _decided(user, "a", "tool_in_s1", session="s1")
+    _decided(user, "b", "tool_in_s2", session="s2")
+    html = page.get("/approvals/", {"session_id": "s2"}).content.decode()
+    assert "tool_in_s2" in html and "tool_in_s1" not in html
+
+
+def test_staff_see_a_link_to_the_admin(page, user):
+    assert 'href="/admin/"' not in page.get("/approvals/").content.decode()
+    user.is_staff = True
+    user.save()
+    assert 'href="/admin/"' in page.get("/approvals/").content.decode()
+
+
+def test_page_is_not_cached_and_refuses_post(page):
+    response = page.get("/approvals/")
+    assert "no-cache" in response["Cache-Control"] or "max-age=0" in response["Cache-Control"]
+    assert page.post("/approvals/").status_code == 405
+
+
+def test_static_assets_exist():
+    from django.contrib.staticfiles import finders
+
+    script = finders.find("approvals/inbox.js")
+    assert script and finders.find("approvals/inbox.css")
+    source = Path(script).read_text(encoding="utf-8")
+    assert "innerHTML" not in source and "insertAdjacentHTML" not in source
+    assert "/api/inference/" not in source
