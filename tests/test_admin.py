@@ -1,0 +1,345 @@
+"""The Approval admin: read-only for everyone, bulk decisions for deciders, CSV export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import threading
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals import gate
+from approvals.admin import format_duration
+from approvals.models import Approval
+
+CHANGELIST = reverse("admin:approvals_approval_changelist")
+
+
+def make_approval(user=None, session="s1", tool="shell", status="pending", **kw) -> Approval:
+    now = timezone.now()
+    kw.setdefault("created_at", now)
+    kw.setdefault("expires_at", now + timedelta(hours=1))
+    kw.setdefault("arguments", {"cmd": "ls"})
+    return Approval.objects.create(
+        approval_id=gate.new_approval_id(),
+        session_id=session,
+        user=user,
+        tool_name=tool,
+        status=status,
+        **kw,
+    )
+
+
+def staff(django_user_model, name, *codenames):
+    user = django_user_model.objects.create_user(name, is_staff=True)
+    perms = Permission.objects.filter(content_type__app_label="approvals", codename__in=codenames)
+    user.user_permissions.add(*perms)
+    client = Client()
+    client.force_login(user)
+    return user, client
+
+
+@pytest.fixture
+def decider(django_user_model):
+    return staff(django_user_model, "dora", "view_approval", "decide_approval")
+
+
+@pytest.fixture
+def viewer(django_user_model):
+    return staff(django_user_model, "vic", "view_approval")
+
+
+@pytest.fixture
+def superuser(django_user_model):
+    user = django_user_model.objects.create_superuser("root", "root@example.com", None)
+    client = Client()
+    client.force_login(user)
+    return user, client
+
+
+def run_action(client, action, approvals, **extra):
+    data = {"action": action, ACTION_CHECKBOX_NAME: [a.pk for a in approvals], **extra}
+    return client.post(CHANGELIST, data, follow=False)
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.wsgi_request._messages]
+
+
+# -- read-only -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_nobody_may_add_change_or_delete_not_even_a_superuser(superuser):
+    _, client = superuser
+    a = make_approval(arguments={"cmd": "<script>alert(1)</script>", "n": 1})
+    change = reverse("admin:approvals_approval_change", args=[a.pk])
+    assert client.get(reverse("admin:approvals_approval_add")).status_code == 403
+    assert client.get(reverse("admin:approvals_approval_delete", args=[a.pk])).status_code == 403
+    deleted = client.post(reverse("admin:approvals_approval_delete", args=[a.pk]), {"post": "yes"})
+    assert deleted.status_code == 403
+    r = client.post(change, {"status": "allowed", "reason": "edited"})
+    assert r.status_code == 403
+    a.refresh_from_db()
+    assert (a.status, a.reason) == ("pending", "")
+    assert Approval.objects.filter(pk=a.pk).exists()
+
+    page = client.get(change)  # viewable, read-only
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="_save"' not in html
+    assert "<script>alert(1)</script>" not in html
+    assert '<pre class="approvals-arguments">{\n  &quot;cmd&quot;: &quot;&lt;script&gt;' in html
+
+
+@pytest.mark.django_db
+def test_delete_selected_is_gone_and_decide_actions_need_the_permission(decider, viewer, superuser):
+    make_approval()
+    choices = {}
+    for name, (_, client) in {"decider": decider, "viewer": viewer, "root": superuser}.items():
+        r = client.get(CHANGELIST)
+        assert r.status_code == 200
+        choices[name] = {value for value, _ in r.context["action_form"].fields["action"].choices}
+    assert choices["decider"] == {"", "allow_selected", "deny_selected", "export_csv"}
+    assert choices["root"] == choices["decider"]
+    assert choices["viewer"] == {"", "export_csv"}
+
+
+# -- the decide actions ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_action_asks_first_then_decides_with_post_yes(decider):
+    user, client = decider
+    p1, p2 = make_approval(tool="rm"), make_approval(arguments={"x": "<b>"})
+    done = make_approval(status="denied", decided_via="api")
+    r = run_action(client, "allow_selected", [p1, p2, done], index=0)
+    assert r.status_code == 200
+    assert r.templates[0].name == "admin/approvals/approval/decide_selected_confirmation.html"
+    html = r.content.decode()
+    assert "rm" in html and "&lt;b&gt;" in html and "<b>" not in html
+    assert 'name="post" value="yes"' in html and 'name="reason"' in html
+    assert "1 selected call is already decided" in html
+    assert [c.pk for c in r.context["batch"]] == [p1.pk, p2.pk]
+    assert Approval.objects.filter(status="pending").count() == 2  # nothing decided yet
+
+    r = run_action(client, "allow_selected", [p1, p2], post="yes", reason="batch ok", skipped=1)
+    assert r.status_code == 302
+    assert messages_of(r) == ["Decided 2, skipped 1 (already decided)."]
+    for a in (p1, p2):
+        a.refresh_from_db()
+        assert (a.status, a.decided_via, a.decided_by, a.reason) == (
+            "allowed",
+            "admin",
+            user,
+            "batch ok",
+        )
+    done.refresh_from_db()
+    assert done.status == "denied"
+
+
+@pytest.mark.django_db
+def test_post_yes_decides_at_once_and_counts_skips(decider):
+    _, client = decider
+    pending = make_approval()
+    expired = make_approval(expires_at=timezone.now() - timedelta(seconds=1))
+    allowed = make_approval(status="allowed", decided_via="web")
+    r = run_action(client, "deny_selected", [pending, expired, allowed], post="yes")
+    assert messages_of(r) == ["Decided 1, skipped 2 (already decided)."]
+    statuses = {a.pk: a.status for a in Approval.objects.all()}
+    assert statuses == {pending.pk: "denied", expired.pk: "expired", allowed.pk: "allowed"}
+
+
+@pytest.mark.django_db
+def test_nothing_pending_reports_without_a_confirmation_page(decider):
+    _, client = decider
+    a = make_approval(status="cancelled", decided_via="cancel")
+    r = run_action(client, "allow_selected", [a], index=0)
+    assert r.status_code == 302
+    assert messages_of(r) == ["Decided 0, skipped 1 (already decided)."]
+
+
+@pytest.mark.django_db
+def test_a_too_long_reason_shows_the_form_again(decider):
+    _, client = decider
+    a = make_approval()
+    r = run_action(client, "deny_selected", [a], post="yes", reason="x" * 5000)
+    assert r.status_code == 200
+    assert r.context["form"].errors["reason"]
+    assert Approval.objects.get(pk=a.pk).status == "pending"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["allow_selected", "deny_selected"])
+def test_without_the_permission_a_hand_made_post_decides_nothing(viewer, action):
+    _, client = viewer
+    a = make_approval()
+    r = run_action(client, action, [a], post="yes", index=0)
+    assert r.status_code in (200, 302)
+    assert Approval.objects.get(pk=a.pk).status == "pending"
+    assert "No action selected." in messages_of(r)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("action", "answer"), [("allow_selected", "allow"), ("deny_selected", "deny")]
+)
+def test_a_waiting_agent_wakes_with_the_admin_decision(decider, action, answer):
+    _, client = decider
+    aid = gate.new_approval_id()
+    slot = gate.begin_tool_decision("s1", aid, tool_name="deploy")
+    box = {}
+    waiter = threading.Thread(target=lambda: box.update(answer=gate.wait_tool_decision(slot, aid)))
+    waiter.start()
+    row = Approval.objects.get(approval_id=aid)
+    r = run_action(client, action, [row], post="yes", reason="from the admin")
+    waiter.join(5)
+    assert not waiter.is_alive()
+    assert box["answer"] == answer
+    assert messages_of(r) == ["Decided 1, skipped 0 (already decided)."]
+    if answer == "deny":
+        assert gate.denial_message(aid).endswith("Reason: from the admin")
+
+
+# -- export --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_export_csv_streams_every_audit_column(viewer, decider, django_user_model):
+    _, client = viewer
+    dora = decider[0]
+    owner = django_user_model.objects.create_user("olga")
+    start = timezone.now() - timedelta(minutes=2)
+    a = make_approval(
+        owner,
+        session="chat-1",
+        tool="=HYPERLINK()",
+        arguments={"cmd": "rm -rf /tmp/x", "ü": 1},
+        created_at=start,
+        status="denied",
+        decided_via="admin",
+        decided_by=dora,
+        decided_at=start + timedelta(seconds=90),
+        reason="no, thanks",
+        tool_call_id="call_1",
+    )
+    b = make_approval(created_at=start + timedelta(seconds=1))
+    make_approval()  # not selected
+    r = run_action(client, "export_csv", [a, b], index=0)
+    assert r.status_code == 200
+    assert r["Content-Type"] == "text/csv; charset=utf-8"
+    assert r["Content-Disposition"].startswith('attachment; filename="approvals-')
+    rows = list(csv.reader(io.StringIO(b"".join(r.streaming_content).decode())))
+    assert rows[0] == [
+        "approval_id",
+        "session_id",
+        "user",
+        "tool_name",
+        "tool_call_id",
+        "arguments",
+        "status",
+        "decided_via",
+        "decided_by",
+        "reason",
+        "created_at",
+        "decided_at",
+        "expires_at",
+        "seconds_to_decision",
+    ]
+    assert rows[1] == [
+        a.approval_id,
+        "chat-1",
+        "olga",
+        "'=HYPERLINK()",
+        "call_1",
+        '{"cmd": "rm -rf /tmp/x", "ü": 1}',
+        "denied",
+        "admin",
+        "dora",
+        "no, thanks",
+        a.created_at.isoformat(),
+        a.decided_at.isoformat(),
+        a.expires_at.isoformat(),
+        "90.000",
+    ]
+    assert rows[2][0] == b.approval_id and rows[2][2] == "" and rows[2][11] == ""
+    assert len(rows) == 3
+
+
+# -- the changelist ----------------------------------------------------------------------
+
+
+def _changelist_queries(client, query="") -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(CHANGELIST + query).status_code == 200
+    return len(ctx.captured_queries)
+
+
+@pytest.mark.django_db
+def test_changelist_query_count_is_constant(decider, django_user_model):
+    _, client = decider
+    users = [django_user_model.objects.create_user(f"u{i}") for i in range(5)]
+    for i in range(5):
+        make_approval(users[i], status="allowed", decided_by=users[-i], decided_at=timezone.now())
+    few = _changelist_queries(client)
+    rows = [
+        Approval(
+            approval_id=f"id-{i}",
+            session_id=f"s{i % 7}",
+            user=users[i % 5],
+            tool_name=f"tool{i % 4}",
+            status="allowed" if i % 2 else "pending",
+            decided_by=users[i % 3] if i % 2 else None,
+            decided_via="web" if i % 2 else "",
+            decided_at=timezone.now() if i % 2 else None,
+            expires_at=timezone.now() + timedelta(hours=1),
+        )
+        for i in range(300)
+    ]
+    Approval.objects.bulk_create(rows)
+    many = _changelist_queries(client)
+    assert many == few
+    assert many <= 12
+    assert _changelist_queries(client, "?awaiting=yes") <= 12
+    assert _changelist_queries(client, "?q=id-7") <= 13
+
+
+@pytest.mark.django_db
+def test_filters_and_search(decider):
+    _, client = decider
+    waiting = make_approval(session="alpha", tool="git")
+    make_approval(expires_at=timezone.now() - timedelta(seconds=1))  # past its deadline
+    make_approval(status="allowed", decided_via="rule", tool="git")
+    listed = client.get(CHANGELIST, {"awaiting": "yes"}).context["cl"].result_list
+    assert [a.pk for a in listed] == [waiting.pk]
+    found = client.get(CHANGELIST, {"q": waiting.approval_id}).context["cl"].result_list
+    assert [a.pk for a in found] == [waiting.pk]
+    found = client.get(CHANGELIST, {"q": waiting.approval_id[:10]}).context["cl"].result_list
+    assert [a.pk for a in found] == [waiting.pk]
+    by_session = client.get(CHANGELIST, {"session_id": "alpha"}).context["cl"].result_list
+    assert [a.pk for a in by_session] == [waiting.pk]
+    git = client.get(CHANGELIST, {"tool_name": "git", "status__exact": "allowed"})
+    assert [a.tool_name for a in git.context["cl"].result_list] == ["git"]
+    r = client.get(CHANGELIST, {"decided_via__exact": "rule"})
+    assert len(r.context["cl"].result_list) == 1
+    html = client.get(CHANGELIST).content.decode()
+    for column in ("Created", "User", "Session", "Tool", "Status", "Decided via", "Decided by"):
+        assert f">{column}<" in html or f">{column}</a>" in html, column
+    assert "Time to decision" in html
+
+
+def test_format_duration():
+    assert format_duration(None) == "—"
+    assert format_duration(timedelta(seconds=0.42)) == "0.4 s"
+    assert format_duration(timedelta(seconds=42)) == "42 s"
+    assert format_duration(timedelta(seconds=184)) == "3 min 4 s"
+    assert format_duration(timedelta(hours=2, minutes=5)) == "2 h 5 min"
+    assert format_duration(timedelta(days=3, hours=4)) == "3 d 4 h"
