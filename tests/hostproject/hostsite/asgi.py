@@ -11,12 +11,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hostsite.settings")
 django_asgi_app = get_asgi_application()
 
-import approvals.routing  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.generic.websocket import JsonWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
+
+import approvals.routing  # noqa: E402
 
 
 class EchoConsumer(JsonWebsocketConsumer):
