@@ -1,9 +1,9 @@
 """Standing rules: which calls are answered without asking anyone.
 
-Rules are cached per process as an index (exact tool names in a dict keyed by
-user, session and tool; ``*`` patterns compiled once, in short per-user and
-per-session lists), so matching a call costs a few dictionary look-ups however
-many rules the table holds. A change made in this process (admin,
+Rules are cached per process as a :class:`~approvals.ruleindex.RuleIndex`
+(exact tool names as dictionary keys with user and session; ``*`` patterns
+compiled once and filed by their literal prefix), so matching a call costs a
+few dictionary look-ups however many rules the table holds. A change made in this process (admin,
 ``remember``) drops the cache at once and tells the other processes over the
 channel layer; every process also asks the database at most once per
 ``RULES_CACHE_SECONDS`` whether anything changed, so a change takes effect
@@ -24,13 +24,8 @@ Matching, in full (see ``docs/rules.md``):
 
 from __future__ import annotations
 
-import json
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -42,162 +37,20 @@ from django.utils import timezone
 
 from .conf import setting
 from .models import Decision, Rule
+from .ruleindex import CachedRule, RuleIndex, as_text, compile_pattern, compile_rule, matches
 
-logger = logging.getLogger("approvals.rules")
-
-Matcher = Callable[[str], bool]
-
-
-# -- patterns --------------------------------------------------------------
-
-
-def _always(value: str) -> bool:
-    return True
-
-
-def compile_pattern(pattern: str) -> Matcher:
-    """A test for ``pattern``: ``*`` matches any run of characters, the rest is literal.
-
-    Matching runs in linear-ish time with ``str`` methods (no regular
-    expressions, so no pattern can make it backtrack for long).
-    """
-    if "*" not in pattern:
-        return pattern.__eq__
-    if pattern.strip("*") == "":
-        return _always
-    head, *middle, tail = pattern.split("*")
-    middle = [part for part in middle if part]
-    fixed = len(head) + len(tail)
-
-    def test(value: str) -> bool:
-        if len(value) < fixed or not value.startswith(head) or not value.endswith(tail):
-            return False
-        pos, end = len(head), len(value) - len(tail)
-        for part in middle:
-            found = value.find(part, pos, end)
-            if found < 0:
-                return False
-            pos = found + len(part)
-        return True
-
-    return test
-
-
-def as_text(value: Any) -> str:
-    """How an argument value is compared with a pattern: strings as they are, the rest as JSON."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-        )
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def matches(pattern: Any, value: Any) -> bool:
-    """True when ``value`` (compared as text, see :func:`as_text`) fits ``pattern``."""
-    return compile_pattern(as_text(pattern))(as_text(value))
-
-
-# -- the cached rules -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CachedRule:
-    """One rule as the matcher holds it (plain values, patterns compiled)."""
-
-    pk: int
-    user_id: Any
-    session_id: str
-    tool_name: str
-    decision: str
-    expires_at: datetime | None
-    note: str
-    tool_test: Matcher
-    argument_tests: tuple[tuple[str, Matcher], ...]
-
-    def applies(self, tool_name: str, arguments: Any, now: datetime) -> bool:
-        """True when this rule answers a call (user and session were matched by the index)."""
-        if self.expires_at is not None and self.expires_at <= now:
-            return False
-        if not self.tool_test(tool_name):
-            return False
-        if self.argument_tests:
-            if not isinstance(arguments, dict):
-                return False
-            for key, test in self.argument_tests:
-                if key not in arguments or not test(as_text(arguments[key])):
-                    return False
-        return True
-
-
-def _cached(row: dict) -> CachedRule | None:
-    spec = row["arguments_match"]
-    if spec is not None and not isinstance(spec, dict):
-        logger.warning("approvals: rule #%s ignored: arguments_match is not an object", row["pk"])
-        return None
-    tests = tuple((str(key), compile_pattern(as_text(p))) for key, p in (spec or {}).items())
-    return CachedRule(
-        pk=row["pk"],
-        user_id=row["user_id"],
-        session_id=row["session_id"] or "",
-        tool_name=row["tool_name"],
-        decision=row["decision"],
-        expires_at=row["expires_at"],
-        note=row["note"] or "",
-        tool_test=compile_pattern(row["tool_name"]),
-        argument_tests=tests,
-    )
-
-
-class RuleIndex:
-    """Rules keyed so a call looks at only those that could match it.
-
-    Exact tool names live in a dict keyed ``(user_id, session_id, tool_name)``;
-    rules whose tool name has a ``*`` in lists keyed ``(user_id, session_id)``.
-    ``None``/``""`` in a key stand for "every user"/"every session".
-    """
-
-    def __init__(self, rules: Iterable[CachedRule]) -> None:
-        self.exact: dict[tuple, list[CachedRule]] = {}
-        self.patterns: dict[tuple, list[CachedRule]] = {}
-        self.size = 0
-        for rule in rules:
-            self.size += 1
-            if "*" in rule.tool_name:
-                key = (rule.user_id, rule.session_id)
-                self.patterns.setdefault(key, []).append(rule)
-            else:
-                key = (rule.user_id, rule.session_id, rule.tool_name)
-                self.exact.setdefault(key, []).append(rule)
-
-    def candidates(self, user_id: Any, session_id: str, tool_name: str) -> list[CachedRule]:
-        """Every rule whose user, session and (exact) tool name could fit this call."""
-        users = (None,) if user_id is None else (user_id, None)
-        sessions = ("",) if not session_id else (session_id, "")
-        found: list[CachedRule] = []
-        for user in users:
-            for session in sessions:
-                found.extend(self.exact.get((user, session, tool_name), ()))
-                found.extend(self.patterns.get((user, session), ()))
-        return found
-
-    def match(
-        self, user_id: Any, session_id: str, tool_name: str, arguments: Any, now: datetime
-    ) -> CachedRule | None:
-        """The rule that answers the call: the oldest matching deny, else the oldest allow."""
-        deny = allow = None
-        for rule in self.candidates(user_id, session_id, tool_name):
-            if not rule.applies(tool_name, arguments, now):
-                continue
-            if rule.decision == Decision.DENY:
-                if deny is None or rule.pk < deny.pk:
-                    deny = rule
-            elif allow is None or rule.pk < allow.pk:
-                allow = rule
-        return deny or allow
-
+__all__ = [
+    "CachedRule",
+    "RuleIndex",
+    "as_text",
+    "compile_pattern",
+    "compile_rule",
+    "describe",
+    "invalidate",
+    "match",
+    "matches",
+    "remember",
+]
 
 
 class _Cache:
@@ -269,13 +122,13 @@ def _load() -> RuleIndex:
             "note",
         )
     )
-    cached = (_cached(row) for row in rows)
+    cached = (compile_rule(row) for row in rows)
     return RuleIndex(rule for rule in cached if rule is not None)
 
 
 def _normal_user_id(user_id: Any) -> Any:
-    if user_id is None:
-        return None
+    if user_id is None or type(user_id) is int:
+        return user_id
     from django.contrib.auth import get_user_model
 
     try:

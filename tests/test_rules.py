@@ -241,29 +241,34 @@ def test_expired_rules_are_ignored():
     assert outcome() == "pending"  # expired while cached: ignored without a reload
 
 
-def test_a_malformed_arguments_match_matches_nothing():
+def test_a_malformed_rule_matches_nothing():
     rule(tool_name="shell", arguments_match=["cmd"])
+    Rule.objects.bulk_create([Rule(tool_name="shell", decision="")])  # skips validation
+    rules.invalidate(local_only=True)
     assert outcome() == "pending"
 
 
 def test_index_agrees_with_a_plain_scan_of_random_rules():
     rng = random.Random(60)
     now = timezone.now()
-    tools = ["shell", "read_file", "write_file", "*", "read_*", "*_file", "sh*ll"]
+    tools = ["shell", "read_file", "write_file", "*", "read_*", "*_file", "sh*ll", "re*e", "s*"]
     rows = [
         {
             "pk": pk,
             "user_id": rng.choice([None, 1, 2]),
             "session_id": rng.choice(["", "s1", "s2"]),
             "tool_name": rng.choice(tools),
-            "arguments_match": rng.choice([None, {}, {"a": "x*"}, {"a": "*y", "b": "1"}]),
+            "arguments_match": rng.choice(
+                [None, {}, {"a": "x*"}, {"a": "*y", "b": "1"}, {"a": "xy"}, {"b": "[1,*"}]
+                + [{"a": "x*z", "b": "*"}, {"b": "*", "a": "xz"}]
+            ),
             "decision": rng.choice(["allow", "deny"]),
             "expires_at": rng.choice([None, now - timedelta(1), now + timedelta(1)]),
             "note": "",
         }
-        for pk in range(1, 400)
+        for pk in rng.sample(range(1, 5000), 400)
     ]
-    cached = [rules._cached(row) for row in rows]
+    cached = [rules.compile_rule(row) for row in rows]
     index = rules.RuleIndex(cached)
 
     def plain_scan(user, session, tool, args):
@@ -283,7 +288,10 @@ def test_index_agrees_with_a_plain_scan_of_random_rules():
             rng.choice([None, 1, 2, 3]),
             rng.choice(["", "s1", "s2", "s3"]),
             rng.choice(["shell", "read_file", "write_file", "other"]),
-            rng.choice([{}, {"a": "xy"}, {"a": "xz", "b": 1}, {"a": "y", "b": "1"}]),
+            rng.choice(
+                [{}, None, {"a": "xy"}, {"a": "xz", "b": 1}, {"a": "y", "b": "1"}]
+                + [{"a": "xyz", "b": [1, 2]}, {"b": [1]}, {"a": "x"}]
+            ),
         )
         got = index.match(*call, now)
         assert (got.pk if got else None) == plain_scan(*call), call
