@@ -28,7 +28,8 @@ def _application():
 def _cookie_for(user) -> bytes:
     client = Client()
     client.force_login(user)
-    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+    name = settings.SESSION_COOKIE_NAME
+    return f"{name}={client.cookies[name].value}".encode()
 
 
 def _connect(user=None, path=PATH, origin=b"http://testserver"):
