@@ -8,9 +8,7 @@ the rows are an audit log. Users with ``approvals.decide_approval`` get the
 
 from __future__ import annotations
 
-import csv
 import json
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,11 +18,11 @@ from django.contrib.admin import helpers
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from . import decisions
+from .adminlist import AwaitingFilter, ToolNameFilter, csv_response, date_hierarchy, format_duration
 from .conf import setting
 from .models import Approval, ProcessLease, Status, Via
 
@@ -32,45 +30,6 @@ from .models import Approval, ProcessLease, Status, Via
 MAX_BATCH = 1000
 #: How many of them the confirmation page lists by name.
 MAX_LISTED = 100
-#: The tool filter offers the tool names of this many latest calls (a bounded query).
-TOOL_SAMPLE = 5000
-
-
-class AwaitingFilter(admin.SimpleListFilter):
-    """The quick filter: calls a person can still answer."""
-
-    title = _("awaiting a decision")
-    parameter_name = "awaiting"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list:
-        return [("yes", _("Yes")), ("no", _("No"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        open_ = Q(status=Status.PENDING, expires_at__gt=timezone.now())
-        if self.value() == "yes":
-            return queryset.filter(open_)
-        if self.value() == "no":
-            return queryset.exclude(open_)
-        return queryset
-
-
-class ToolNameFilter(admin.SimpleListFilter):
-    """Filter by tool; offers the names seen in the latest calls, not a scan of every row."""
-
-    title = _("tool")
-    parameter_name = "tool_name"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list:
-        latest = Approval.objects.order_by("-created_at").values_list("tool_name", flat=True)
-        names = set(latest[:TOOL_SAMPLE])
-        if self.value():
-            names.add(self.value())
-        return [(name, name or _("(no name)")) for name in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        if self.value() is None:
-            return queryset
-        return queryset.filter(tool_name=self.value())
 
 
 class DecideForm(forms.Form):
@@ -85,86 +44,6 @@ class DecideForm(forms.Form):
             widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
             help_text=_("Stored with each decision; on deny it is fed back to the agent's model."),
         )
-
-
-def format_duration(value: timedelta | None) -> str:
-    """A short human duration: ``"0.4 s"``, ``"12 s"``, ``"3 min 4 s"``, ``"2 h 5 min"``."""
-    if value is None:
-        return "—"
-    seconds = value.total_seconds()
-    if seconds < 10:
-        return f"{max(seconds, 0):.1f} s"
-    seconds = int(seconds)
-    minutes, sec = divmod(seconds, 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min {sec} s"
-    return f"{sec} s"
-
-
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
-CSV_COLUMNS = (
-    "approval_id",
-    "session_id",
-    "user",
-    "tool_name",
-    "tool_call_id",
-    "arguments",
-    "status",
-    "decided_via",
-    "decided_by",
-    "reason",
-    "created_at",
-    "decided_at",
-    "expires_at",
-    "seconds_to_decision",
-)
-
-
-def _csv_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    text = str(value)
-    # A spreadsheet would run a cell starting like a formula; agents write these values.
-    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + text
-    return text
-
-
-def csv_rows(queryset: QuerySet):
-    """The header and one row per approval, as lists of strings (streamed in chunks)."""
-    yield list(CSV_COLUMNS)
-    rows = queryset.select_related("user", "decided_by").order_by("created_at", "pk")
-    for a in rows.iterator(chunk_size=2000):
-        waited = a.time_to_decision
-        yield [
-            _csv_cell(v)
-            for v in (
-                a.approval_id,
-                a.session_id,
-                a.user.get_username() if a.user else "",
-                a.tool_name,
-                a.tool_call_id,
-                json.dumps(a.arguments, ensure_ascii=False, sort_keys=True),
-                a.status,
-                a.decided_via,
-                a.decided_by.get_username() if a.decided_by else "",
-                a.reason,
-                a.created_at.isoformat(),
-                a.decided_at.isoformat() if a.decided_at else "",
-                a.expires_at.isoformat(),
-                f"{waited.total_seconds():.3f}" if waited is not None else "",
-            )
-        ]
 
 
 @admin.register(Approval)
@@ -250,6 +129,16 @@ class ApprovalAdmin(admin.ModelAdmin):
         text = json.dumps(obj.arguments, indent=2, ensure_ascii=False, sort_keys=True)
         return format_html('<pre class="approvals-arguments">{}</pre>', text)
 
+    # -- the list ------------------------------------------------------------
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None) or {}
+        if "cl" in context and "approvals_dates" not in context:
+            # Django's own date hierarchy runs a DISTINCT over every row; see adminlist.
+            context["approvals_dates"] = date_hierarchy(context["cl"])
+        return response
+
     # -- search --------------------------------------------------------------
 
     def get_search_results(
@@ -275,14 +164,7 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["view"], description=_("Export selected calls as CSV"))
     def export_csv(self, request: HttpRequest, queryset: QuerySet) -> StreamingHttpResponse:
-        writer = csv.writer(_Echo())
-        stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-        response = StreamingHttpResponse(
-            (writer.writerow(row) for row in csv_rows(queryset)),
-            content_type="text/csv; charset=utf-8",
-        )
-        response["Content-Disposition"] = f'attachment; filename="approvals-{stamp}.csv"'
-        return response
+        return csv_response(queryset)
 
     def _decide_selected(
         self, request: HttpRequest, queryset: QuerySet, answer: str
