@@ -141,9 +141,10 @@ def test_no_rule_asks():
 def test_allow_rule_answers_at_once_and_names_itself():
     r = rule(tool_name="shell")
     aid, slot = _begin()
+    assert slot.status == "allowed"  # answered before begin returned
     started = time.perf_counter()
     assert gate.wait_tool_decision(slot, aid) == "allow"
-    assert time.perf_counter() - started < 0.1
+    assert time.perf_counter() - started < 1.0  # not the hour-long timeout
     row = Approval.objects.get(approval_id=aid)
     assert (row.status, row.decided_via, row.decided_by) == ("allowed", "rule", None)
     assert row.reason == f"Allowed by rule #{r.pk} (shell)"
@@ -232,12 +233,13 @@ def test_oldest_matching_rule_of_the_winning_kind_answers():
     assert rules.match(None, "s1", "shell", {}).pk == first.pk
 
 
-def test_expired_rules_are_ignored():
+def test_expired_rules_are_ignored(monkeypatch):
     now = timezone.now()
     rule(tool_name="shell", decision="deny", expires_at=now - timedelta(seconds=1))
-    rule(tool_name="shell", expires_at=now + timedelta(seconds=0.4))
+    rule(tool_name="shell", expires_at=now + timedelta(minutes=5))
     assert outcome() == "allowed"  # the expired deny does not beat the live allow
-    time.sleep(0.45)
+    later = now + timedelta(minutes=6)
+    monkeypatch.setattr(timezone, "now", lambda: later)
     assert outcome() == "pending"  # expired while cached: ignored without a reload
 
 
@@ -308,23 +310,23 @@ def _count_rule_queries():
             seen.append(sql)
         return execute(sql, params, many, context)
 
-    return seen, connection.execute_wrapper(wrapper)
+    return seen, lambda: connection.execute_wrapper(wrapper)
 
 
 def test_the_rule_table_is_not_queried_on_every_call():
     rule(tool_name="shell")
-    with override_settings(APPROVALS={"RULES_CACHE_SECONDS": 0.3}):
+    seen, wrapping = _count_rule_queries()
+    with override_settings(APPROVALS={"RULES_CACHE_SECONDS": 3600}):
         rules.match(None, "s1", "shell", {})  # warm
-        seen, wrapping = _count_rule_queries()
-        with wrapping:
+        with wrapping():
             for _ in range(200):
                 assert rules.match(None, "s1", "shell", {}) is not None
-            assert seen == []
-            time.sleep(0.35)
+        assert seen == []
+    with override_settings(APPROVALS={"RULES_CACHE_SECONDS": 0}), wrapping():
+        for n in range(1, 4):  # an expired cache costs the version check, not a reload
             assert rules.match(None, "s1", "shell", {}) is not None
-            assert len(seen) == 1  # the version check; nothing changed, so no reload
-            assert rules.match(None, "s1", "shell", {}) is not None
-            assert len(seen) == 1
+            assert len(seen) == n
+            assert "count" in seen[-1].lower()
 
 
 def test_a_change_in_this_process_applies_at_once():
@@ -375,14 +377,23 @@ def _seconds_until(expected: str, since: float, limit: float = 3.0) -> float:
         time.sleep(0.01)
 
 
+def _sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.time()))
+
+
 def test_rule_changed_in_another_process_applies_here_within_a_second(child_env, python):
+    # A call gated RULES_CACHE_SECONDS (1 s) after the other process committed must see
+    # the change, however loaded the machine is: the cache asks the database at most
+    # that long after it last did.
     limit = rules.setting("RULES_CACHE_SECONDS")
+    assert limit <= 1.0
     assert outcome(tool="cross_tool") == "pending"  # this process has the rules cached
     created = _in_child(child_env, python, "create")
-    assert _seconds_until("allowed", created) <= limit + 0.25
+    _sleep_until(created + limit + 0.02)
     assert outcome(tool="cross_tool") == "allowed"
     deleted = _in_child(child_env, python, "delete")
-    assert _seconds_until("pending", deleted) <= limit + 0.25
+    _sleep_until(deleted + limit + 0.02)
+    assert outcome(tool="cross_tool") == "pending"
 
 
 @pytest.mark.redis
