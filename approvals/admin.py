@@ -24,7 +24,8 @@ from django.utils.translation import gettext_lazy as _
 from . import decisions
 from .adminlist import AwaitingFilter, ToolNameFilter, csv_response, date_hierarchy, format_duration
 from .conf import setting
-from .models import Approval, ProcessLease, Status, Via
+from .models import Approval, ProcessLease, Rule, Status, Via
+from .ruleforms import RuleForm, RuleScopeFilter, RuleStateFilter
 
 #: The most pending calls one confirmation page carries (oldest first).
 MAX_BATCH = 1000
@@ -255,3 +256,100 @@ class ProcessLeaseAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+# -- rules ---------------------------------------------------------------------
+# Users with ``approvals.decide_approval`` (and superusers) manage every rule;
+# everyone else sees, edits and creates only rules for themselves.
+
+
+@admin.register(Rule)
+class RuleAdmin(admin.ModelAdmin):
+    """Standing answers: who, which session, which tool (and arguments), allow or deny."""
+
+    form = RuleForm
+    list_display = (
+        "tool_name",
+        "decision",
+        "user_display",
+        "session_display",
+        "arguments_display",
+        "created_by",
+        "created_at",
+        "expires_at",
+        "note",
+    )
+    list_filter = (
+        RuleStateFilter,
+        "decision",
+        RuleScopeFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_fields = ("tool_name", "session_id", "note")
+    list_select_related = ("user", "created_by")
+    ordering = ("-created_at", "-pk")
+    fields = (*RuleForm.Meta.fields, "created_by", "created_at", "updated_at")
+    readonly_fields = ("created_by", "created_at", "updated_at")
+
+    def manages_all(self, request: HttpRequest) -> bool:
+        """May this user see and edit every rule, not only their own?"""
+        return decisions.may_decide_any(request.user)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        qs = super().get_queryset(request)
+        return qs if self.manages_all(request) else qs.filter(user_id=request.user.pk)
+
+    def get_search_fields(self, request: HttpRequest) -> tuple:
+        return (*self.search_fields, f"user__{request.user.USERNAME_FIELD}")
+
+    def _mine(self, request: HttpRequest, obj: Any) -> bool:
+        return obj is None or self.manages_all(request) or obj.user_id == request.user.pk
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        allowed = super().has_view_permission(request, obj) or self.manages_all(request)
+        return allowed and self._mine(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) or self.manages_all(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        allowed = super().has_change_permission(request, obj) or self.manages_all(request)
+        return allowed and self._mine(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        allowed = super().has_delete_permission(request, obj) or self.manages_all(request)
+        return allowed and self._mine(request, obj)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> type:
+        form = super().get_form(request, obj, **kwargs)
+        editor = {"editor": request.user, "manages_all": self.manages_all(request)}
+        return type(form.__name__, (form,), editor)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if db_field.name == "user" and not self.manages_all(request):
+            users = db_field.remote_field.model._default_manager
+            kwargs.update(queryset=users.filter(pk=request.user.pk), required=True)
+            kwargs["empty_label"] = None
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict:
+        return {"user": request.user.pk, **super().get_changeform_initial_data(request)}
+
+    def save_model(self, request: HttpRequest, obj: Rule, form: Any, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+    @admin.display(description=_("user"), ordering="user")
+    def user_display(self, obj: Rule) -> str:
+        return str(obj.user) if obj.user_id else _("every user")
+
+    @admin.display(description=_("session"), ordering="session_id")
+    def session_display(self, obj: Rule) -> str:
+        return obj.session_id or _("every session")
+
+    @admin.display(description=_("arguments match"))
+    def arguments_display(self, obj: Rule) -> str:
+        if not obj.arguments_match:
+            return "—"
+        return json.dumps(obj.arguments_match, ensure_ascii=False, sort_keys=True)

@@ -43,6 +43,7 @@ __all__ = [
     "CachedRule",
     "RuleIndex",
     "as_text",
+    "clean_arguments_match",
     "compile_pattern",
     "compile_rule",
     "describe",
@@ -175,13 +176,19 @@ def remember(row: dict, status: str, scope: str, by: Any, reason: str = "") -> R
     this session and this tool, ``"always"`` every session and this tool. A
     user without ``approvals.decide_approval`` may only remember decisions on
     their own calls (``PermissionDenied``), and ``"session"`` needs a call that
-    has a session (``ValueError``); either rolls the decision back. An
+    has a session (``RequestError``, a ``ValueError`` with the code
+    ``invalid_field``); either rolls the decision back. An
     identical remembered rule is reused rather than duplicated.
     """
     if scope not in ("session", "always"):
         raise ValueError(f'remember must be "session" or "always", not {scope!r}')
     if scope == "session" and not row["session_id"]:
-        raise ValueError('remember "session" needs a call with a session_id')
+        from .validation import INVALID_FIELD, RequestError  # a ValueError with a code
+
+        raise RequestError(
+            INVALID_FIELD,
+            'This call has no session, so "remember": "session" cannot apply; use "always".',
+        )
     owner = row["user_id"]
     by_id = getattr(by, "pk", by)
     if hasattr(by, "has_perm") and owner != by_id and not by.has_perm("approvals.decide_approval"):
@@ -199,6 +206,32 @@ def remember(row: dict, status: str, scope: str, by: Any, reason: str = "") -> R
         return existing
     note = reason or f"Remembered ({scope}) when deciding {row['approval_id']}"
     return Rule.objects.create(**fields, created_by_id=by_id, note=note)
+
+
+def clean_arguments_match(value: Any) -> dict | None:
+    """``value`` as a rule's ``arguments_match``: an object of argument name to pattern.
+
+    Empty (``None``, ``{}``, ``""``) means no condition and gives ``None``.
+    Anything but an object whose keys are non-empty strings and whose values
+    are strings (patterns with ``*``) raises ``ValueError`` with a sentence
+    for a person.
+    """
+    if value in (None, "", {}):
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(
+            "Arguments match must be a JSON object of argument name to pattern, "
+            'e.g. {"cmd": "ls *"}.'
+        )
+    for key, pattern in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError("Every argument name must be a non-empty string.")
+        if not isinstance(pattern, str):
+            raise ValueError(
+                f"The pattern for {key!r} must be a string; write numbers, true/false and "
+                'lists as their JSON text, e.g. "1", "true", "[1,2]".'
+            )
+    return value
 
 
 def invalidate(local_only: bool = False) -> None:

@@ -603,3 +603,120 @@ def test_a_remembered_denials_reason_is_fed_back_on_later_calls(alice):
     later, slot = _begin(user=alice, session="s9")
     assert gate.wait_tool_decision(slot, later) == "deny"
     assert gate.denial_message(later).endswith("(shell): use the read-only tool")
+
+
+# -- the admin -------------------------------------------------------------------
+
+ADD_URL = "/admin/approvals/rule/add/"
+
+
+def _staff(django_user_model, name, *perms):
+    user = django_user_model.objects.create_user(name, is_staff=True)
+    codenames = [*perms]
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return django_user_model.objects.get(pk=user.pk)
+
+
+def _rule_form(**fields):
+    data = {
+        "user": "",
+        "session_id": "",
+        "tool_name": "shell",
+        "arguments_match": "",
+        "decision": "allow",
+        "expires_at_0": "",
+        "expires_at_1": "",
+        "note": "",
+        "_save": "Save",
+    }
+    data.update(fields)
+    return data
+
+
+RULE_PERMS = ("add_rule", "change_rule", "view_rule", "delete_rule")
+
+
+@pytest.fixture
+def carol(django_user_model):
+    """Staff who may manage rules but not decide others' calls."""
+    return _staff(django_user_model, "carol", *RULE_PERMS)
+
+
+def test_admin_user_can_create_a_rule_for_themselves_only(client, carol, alice):
+    client.force_login(carol)
+    assert client.get(ADD_URL).status_code == 200
+    response = client.post(ADD_URL, _rule_form(user=alice.pk))
+    assert response.status_code == 200  # the form again, with an error
+    assert not Rule.objects.exists()
+    response = client.post(ADD_URL, _rule_form(user=""))  # "every user" is not theirs either
+    assert response.status_code == 200 and not Rule.objects.exists()
+    response = client.post(ADD_URL, _rule_form(user=carol.pk, created_by=alice.pk))
+    assert response.status_code == 302
+    r = Rule.objects.get()
+    assert (r.user, r.created_by, r.tool_name) == (carol, carol, "shell")
+
+
+def test_admin_user_sees_and_edits_only_their_own_rules(client, carol, alice):
+    mine = rule(user=carol, tool_name="mine")
+    theirs = rule(user=alice, tool_name="theirs")
+    everyones = rule(user=None, tool_name="everyones")
+    client.force_login(carol)
+    listing = client.get("/admin/approvals/rule/").content.decode()
+    assert "mine" in listing and "theirs" not in listing and "everyones" not in listing
+    for other in (theirs, everyones):
+        url = f"/admin/approvals/rule/{other.pk}/change/"
+        assert client.get(url).status_code == 302  # "does not exist", like any unknown id
+        client.post(url, _rule_form(user=carol.pk, tool_name="stolen"))
+        client.post(f"/admin/approvals/rule/{other.pk}/delete/", {"post": "yes"})
+    assert set(Rule.objects.values_list("tool_name", flat=True)) == {"mine", "theirs", "everyones"}
+    url = f"/admin/approvals/rule/{mine.pk}/change/"
+    assert client.post(url, _rule_form(user=alice.pk, tool_name="mine")).status_code == 200
+    assert Rule.objects.get(pk=mine.pk).user == carol  # cannot hand a rule to someone else
+    assert client.post(url, _rule_form(user=carol.pk, tool_name="mine2")).status_code == 302
+    assert Rule.objects.get(pk=mine.pk).tool_name == "mine2"
+
+
+def test_a_decider_manages_every_rule_in_the_admin(client, django_user_model, alice):
+    boss = _staff(django_user_model, "boss", "decide_approval")
+    client.force_login(boss)
+    theirs = rule(user=alice, tool_name="theirs")
+    assert client.get(f"/admin/approvals/rule/{theirs.pk}/change/").status_code == 200
+    assert client.post(ADD_URL, _rule_form(user=alice.pk, tool_name="a")).status_code == 302
+    assert client.post(ADD_URL, _rule_form(user="", tool_name="b")).status_code == 302
+    made = {r.tool_name: (r.user_id, r.created_by_id) for r in Rule.objects.all()}
+    assert made["a"] == (alice.pk, boss.pk) and made["b"] == (None, boss.pk)
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ('["cmd"]', True),
+        ('"git *"', True),
+        ('{"n": 1}', True),
+        ('{"": "x"}', True),
+        ("{not json", True),
+        ('{"cmd": "git status*", "n": "1"}', False),
+        ("{}", False),
+    ],
+)
+def test_admin_checks_arguments_match(client, carol, text, error):
+    client.force_login(carol)
+    response = client.post(ADD_URL, _rule_form(user=carol.pk, arguments_match=text))
+    assert (response.status_code == 200) is error
+    assert Rule.objects.exists() is not error
+    if not error:
+        assert Rule.objects.get().arguments_match in ({"cmd": "git status*", "n": "1"}, None)
+
+
+@override_settings(APPROVALS={"RULES_CACHE_SECONDS": 3600})
+def test_admin_changes_apply_at_once(client, carol):
+    client.force_login(carol)
+    assert outcome(user=carol) == "pending"  # rules cached for the next hour
+    assert client.post(ADD_URL, _rule_form(user=carol.pk, decision="deny")).status_code == 302
+    assert outcome(user=carol) == "denied"
+    r = Rule.objects.get()
+    url = f"/admin/approvals/rule/{r.pk}/change/"
+    assert client.post(url, _rule_form(user=carol.pk, decision="allow")).status_code == 302
+    assert outcome(user=carol) == "allowed"
+    assert client.post(f"/admin/approvals/rule/{r.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert outcome(user=carol) == "pending"
