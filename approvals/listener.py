@@ -19,7 +19,6 @@ Each event reaches a local socket at most once, whichever path brings it first.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -34,6 +33,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from .conf import setting
+from .layerlink import LayerLink, own_layer_instance
 from .models import FINAL_STATUSES
 from .slots import Slot
 
@@ -43,6 +43,7 @@ Subscriber = Callable[[dict], None]
 _SEEN_MAX = 50_000
 _HOLE_SECONDS = 30.0
 _DECIDED_OVERLAP = timedelta(seconds=10)
+_START_OVERLAP = timedelta(seconds=5)
 
 
 class Listener:
@@ -58,8 +59,7 @@ class Listener:
         self._lease_written = False
         self._stop = threading.Event()
         self._kick = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._layer = None
+        self._link: LayerLink | None = None
         self._group = f"{setting('GROUP_PREFIX')}.events"
         self._tail = _Tail()
         self._last_heartbeat = 0.0
@@ -68,15 +68,10 @@ class Listener:
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
-        self._layer = _cross_process_layer()
-        if self._layer is not None:
-            ready = threading.Event()
-            t = threading.Thread(
-                target=self._run_loop, args=(ready,), name="toolgate-listener", daemon=True
-            )
-            t.start()
-            ready.wait(5)
-            self._threads.append(t)
+        layer = own_layer_instance(setting("CHANNEL_LAYER"))
+        if layer is not None:
+            self._link = LayerLink(layer, self._group, self._on_layer_message)
+            self._link.start()
         t = threading.Thread(target=self._run_recheck, name="toolgate-recheck", daemon=True)
         t.start()
         self._threads.append(t)
@@ -85,11 +80,16 @@ class Listener:
         """Stop the threads (tests and interpreter exit)."""
         self._stop.set()
         self._kick.set()
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._link is not None:
+            self._link.stop(timeout)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)
+
+    @property
+    def link(self) -> LayerLink | None:
+        """The channel-layer link to other processes, ``None`` without a cross-process layer."""
+        return self._link
 
     # -- slots -----------------------------------------------------------
     def register(self, slot: Slot) -> Slot:
@@ -169,66 +169,15 @@ class Listener:
     def publish(self, event: dict) -> None:
         """Deliver locally, then send to the other processes (never blocks the caller)."""
         self.deliver(event)
-        loop = self._loop
-        if self._layer is None or loop is None or loop.is_closed():
+        if self._link is not None:
+            self._link.send({"type": "approvals.event", "origin": self.key, "event": event})
+
+    def _on_layer_message(self, message: dict) -> None:
+        if message.get("origin") == self.key:
             return
-        message = {"type": "approvals.event", "origin": self.key, "event": event}
-        try:
-            asyncio.run_coroutine_threadsafe(self._send(message), loop)
-        except RuntimeError:
-            pass
-
-    async def _send(self, message: dict) -> None:
-        try:
-            await self._layer.group_send(self._group, message)
-        except Exception as exc:  # the database re-check carries it instead
-            logger.warning("approvals: channel layer send failed (%s); re-check will cover", exc)
-
-    # -- the channel-layer loop -----------------------------------------
-    def _run_loop(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop = loop
-        ready.set()
-        loop.create_task(self._receive_forever())
-        try:
-            loop.run_forever()
-        finally:
-            try:
-                loop.run_until_complete(_flush(self._layer))
-            except Exception:
-                pass
-            loop.close()
-
-    async def _receive_forever(self) -> None:
-        backoff = 0.2
-        while not self._stop.is_set():
-            try:
-                channel = await self._layer.new_channel("approvals")
-                await self._layer.group_add(self._group, channel)
-                joined = time.monotonic()
-                backoff = 0.2
-                while not self._stop.is_set():
-                    try:
-                        message = await asyncio.wait_for(self._layer.receive(channel), 30)
-                    except TimeoutError:
-                        message = None
-                    if time.monotonic() - joined > 60:  # survive a Redis restart
-                        await self._layer.group_add(self._group, channel)
-                        joined = time.monotonic()
-                    if message and message.get("origin") != self.key:
-                        event = message.get("event")
-                        if isinstance(event, dict):
-                            self._on_remote(event)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("approvals: channel layer receive failed (%s); retrying", exc)
-                self._kick.set()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    def _on_remote(self, event: dict) -> None:
+        event = message.get("event")
+        if not isinstance(event, dict):
+            return
         if event.get("type") == "rules_changed":
             from . import rules
 
@@ -342,9 +291,13 @@ class _Tail:
         from .models import Approval, Status
 
         if self.last_pk is None:
-            self.last_pk = Approval.objects.aggregate(m=Max("pk"))["m"] or 0
-            self.decided_mark = timezone.now()
-            return []
+            # Start a little in the past: a socket that subscribed and read its
+            # snapshot just before this first look must not miss a row committed
+            # in between (it drops what its snapshot already holds).
+            start = timezone.now() - _START_OVERLAP
+            older = Approval.objects.filter(created_at__lt=start)
+            self.last_pk = older.aggregate(m=Max("pk"))["m"] or 0
+            self.decided_mark = start
         out: list[dict] = []
         fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
         query = Q(pk__gt=self.last_pk)
@@ -370,19 +323,8 @@ class _Tail:
 
 
 def _cross_process_layer():
-    """The configured channel layer if it can reach other processes, else ``None``."""
-    from channels.layers import InMemoryChannelLayer, get_channel_layer
-
-    layer = get_channel_layer(setting("CHANNEL_LAYER"))
-    if layer is None or isinstance(layer, InMemoryChannelLayer):
-        return None
-    return layer
-
-
-async def _flush(layer) -> None:
-    close = getattr(layer, "close_pools", None) or getattr(layer, "flush", None)
-    if close is not None and hasattr(layer, "close_pools"):
-        await close()
+    """Kept for callers that ask whether a cross-process layer is configured."""
+    return own_layer_instance(setting("CHANNEL_LAYER"))
 
 
 _listener: Listener | None = None

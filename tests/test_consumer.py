@@ -19,6 +19,7 @@ from django.urls import path
 
 from approvals import decisions, gate
 from approvals.consumers import ApprovalsConsumer
+from approvals.listener import get_listener
 from approvals.models import Approval, Rule, Status, Via
 from approvals.routing import websocket_urlpatterns
 from toolgate_site.asgi import application
@@ -109,7 +110,21 @@ async def agate(session="s1", user=None, **kw):
     kw.setdefault("tool_name", "shell")
     kw.setdefault("arguments", {"cmd": "ls"})
     slot = await sync_to_async(gate.begin_tool_decision)(session, aid, user=user, **kw)
+    _slots.append(slot)
     return aid, slot
+
+
+_slots: list = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_slots_left_waiting():
+    """Calls gated here are never waited for: drop their slots so other tests see none."""
+    yield
+    listener = get_listener()
+    while _slots:
+        listener.unregister(_slots.pop())
+    _held.clear()
 
 
 async def confirm(comm, **fields) -> dict:
