@@ -25,7 +25,7 @@ const historyList = $("#history-list");
 const cards = new Map(); // approval_id -> {el, item, busy}
 const toolNames = new Map(); // approval_id -> tool name, for history lines
 const waiting = new Map(); // approval_id -> resolve(result) for tool_confirm
-const HISTORY_MAX = 20;
+const HISTORY_MAX = 12;
 const REMOVE_AFTER_MS = 2500;
 const WS_ANSWER_TIMEOUT_MS = 4000;
 let socket = null;
@@ -125,7 +125,8 @@ function signOut() {
 // While the socket is down the HTTP list keeps the page honest.
 function startPolling() {
   if (pollTimer || !cfg.pendingUrl) return;
-  pollTimer = setInterval(pollPending, 5000);
+  pollTimer = setInterval(pollPending, 4000);
+  pollPending();
 }
 
 function stopPolling() {
@@ -139,7 +140,9 @@ async function pollPending() {
   try {
     const resp = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
     if (resp.status === 401) return signOut();
-    if (resp.ok) reconcile((await resp.json()).pending || []);
+    const data = resp.ok ? await resp.json() : null;
+    // A socket that opened meanwhile has sent a fresher snapshot.
+    if (data && !(socket && socket.readyState === WebSocket.OPEN)) reconcile(data.pending || []);
   } catch (err) {
     // The server is away too; the next tick tries again.
   }

@@ -1,0 +1,402 @@
+"""The inbox in a real Chromium against a real daphne, with the agent in another process.
+
+Skipped without Debian's ``/usr/bin/chromium``. The server and the agent are
+separate processes on the live test database, as in ``make demo``: without
+Redis a call reaches the page through the server's database tail (about a
+second), with Redis at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOT = ROOT / "docs" / "inbox.png"
+PASSWORD = "browser-pw-123"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}"
+    ),
+]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs Playwright for Python")
+expect = sync_api.expect
+
+# The agent: reads {"tool", "arguments", "session_id", "approval_id"} lines, gates each
+# through the public API in its own thread, prints what the waiter got back.
+AGENT = r"""
+import json, sys, threading, django
+django.setup()
+from django.contrib.auth import get_user_model
+from approvals import gate
+user = get_user_model().objects.get(username=sys.argv[1])
+lock = threading.Lock()
+def say(**kw):
+    with lock:
+        print(json.dumps(kw), flush=True)
+def run(call):
+    aid = call["approval_id"]
+    slot = gate.begin_tool_decision(call["session_id"], aid, tool_name=call["tool"],
+        arguments=call["arguments"], user=user, tool_call_id="call-" + aid[:6])
+    say(event="begun", approval_id=aid)
+    answer = gate.wait_tool_decision(slot, aid)
+    message = gate.denial_message(aid) if answer == "deny" else ""
+    say(event="answer", approval_id=aid, answer=answer, message=message)
+say(event="ready")
+for line in sys.stdin:
+    threading.Thread(target=run, args=(json.loads(line),)).start()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"daphne did not listen on {port} within {seconds} s")
+
+
+class Server:
+    """``daphne toolgate_site.asgi:application`` on a free port, restartable on that port."""
+
+    def __init__(self, env: dict) -> None:
+        self.env = {**env, "DJANGO_DEBUG": "1"}  # DEBUG serves the page's static files
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> None:
+        cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, "-v", "0", "toolgate_site.asgi:application"], cwd=ROOT, env=self.env
+        )
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        _wait_for_port(self.port, self.proc)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class Agent:
+    """An agent process; :meth:`gate` asks, :meth:`answer` is what its waiter got."""
+
+    def __init__(self, env: dict, username: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", AGENT, username],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue = queue.Queue()
+        self.answers: dict[str, dict] = {}
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready = False
+        self.count = 0
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+
+    def _next(self, event: str, approval_id: str | None = None, timeout: float = 10) -> dict:
+        if approval_id in self.answers:
+            return self.answers.pop(approval_id)
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            if msg["event"] == event and approval_id in (None, msg.get("approval_id")):
+                return msg
+            if msg["event"] == "answer":
+                self.answers[msg["approval_id"]] = msg
+
+    def gate(self, tool: str, arguments: dict, session_id: str = "run-1") -> str:
+        if not self.ready:
+            self.ready = bool(self._next("ready", timeout=30))
+        self.count += 1
+        approval_id = f"browser-{self.count}-{os.urandom(6).hex()}"
+        call = {"tool": tool, "arguments": arguments, "session_id": session_id}
+        self.proc.stdin.write(json.dumps({**call, "approval_id": approval_id}) + "\n")
+        self.proc.stdin.flush()
+        self._next("begun", approval_id)
+        return approval_id
+
+    def answer(self, approval_id: str, timeout: float = 10) -> tuple[str, str]:
+        msg = self._next("answer", approval_id, timeout)
+        return msg["answer"], msg["message"]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def user(transactional_db, django_user_model, monkeypatch):
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls here are sync.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # A cheap hash (the server upgrades it at sign-in): the test needs no slow hashing.
+    cheap = PBKDF2PasswordHasher().encode(PASSWORD, "browsersalt", iterations=1000)
+    user = django_user_model.objects.create_superuser("browser", "b@example.com")
+    django_user_model.objects.filter(pk=user.pk).update(password=cheap)
+    return user
+
+
+@pytest.fixture
+def server(child_env, user):
+    srv = Server(child_env)
+    srv.start(wait=False)  # starts beside the agent; waited for at sign-in
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture
+def agent(child_env, user):
+    proc = Agent(child_env, user.username)
+    yield proc
+    proc.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield chromium
+        chromium.close()
+
+
+def _sign_in(browser, server, session_id: str = "") -> object:
+    server.wait()
+    page = browser.new_context(viewport={"width": 1180, "height": 760}).new_page()
+    page.set_default_timeout(8000)
+    page.dialogs = []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    query = f"?session_id={session_id}" if session_id else ""
+    page.goto(f"{server.url}/approvals/{query}")
+    assert "/accounts/login/" in page.url
+    page.get_by_label("Username").fill("browser")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**/approvals/{query}")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    return page
+
+
+def _card(page, approval_id: str):
+    return page.locator(f'.card[data-approval-id="{approval_id}"]')
+
+
+def _appears(page, approval_id: str, started: float, limit: float) -> float:
+    expect(_card(page, approval_id)).to_be_visible(timeout=limit * 1000 + 2000)
+    took = time.monotonic() - started
+    assert took < limit, f"the call took {took:.2f} s to appear"
+    return took
+
+
+def _tail_limit() -> float:
+    # With Redis a gated call is pushed at once; without it the server's
+    # database tail (RECHECK_INTERVAL, 1 s) carries it.
+    return 1.0 if os.environ.get("REDIS_URL") else 2.5
+
+
+def test_calls_appear_live_and_answers_reach_the_agent(server, agent, browser):
+    page = _sign_in(browser, server)
+    started = time.monotonic()
+    shell = agent.gate("run_shell", {"command": "du -sh build logs"})
+    print(f"\ngated call visible after {_appears(page, shell, started, _tail_limit()):.2f} s")
+    mail = agent.gate("send_email", {"to": ["team@example.com"], "subject": "Release notes"})
+    delete = agent.gate("delete_path", {"path": "build/", "recursive": True})
+    expect(_card(page, delete)).to_be_visible()
+    expect(page.locator("#pending-count")).to_have_text("3")
+    expect(_card(page, shell).locator(".args")).to_contain_text('"command": "du -sh build logs"')
+
+    _card(page, shell).get_by_role("button", name="Allow", exact=True).click()
+    assert agent.answer(shell) == ("allow", "")
+    expect(_card(page, shell)).to_have_count(0)
+
+    card = _card(page, mail)
+    card.get_by_role("button", name="Deny with reason…", exact=True).click()
+    card.get_by_role("textbox").fill("Send it to the staging list, not the whole team.")
+    card.get_by_role("button", name="Send denial").click()
+    answer, message = agent.answer(mail)
+    assert answer == "deny"
+    assert message.endswith("Reason: Send it to the staging list, not the whole team.")
+
+    _card(page, delete).get_by_role("button", name="Deny", exact=True).click()
+    assert agent.answer(delete) == ("deny", "The user declined to run this tool call.")
+    history = page.locator("#history-list .entry")
+    expect(history).to_have_count(3)
+    expect(history.first).to_contain_text("delete_path")
+    expect(page.locator("#empty")).to_be_visible()
+
+    _always_allow_and_revoke(page, agent)
+    _keyboard(page, agent)
+    _screenshot(page, agent)
+    assert page.dialogs == []
+
+
+def _always_allow_and_revoke(page, agent) -> None:
+    status = agent.gate("run_shell", {"command": "git status"}, session_id="run-2")
+    _card(page, status).get_by_role("button", name="Always allow", exact=True).click()
+    assert agent.answer(status) == ("allow", "")
+    rule = page.locator("#rules-list .rule")
+    expect(rule).to_have_count(1)
+    expect(rule).to_contain_text("run_shell")
+    expect(rule).to_contain_text("in session run-2")
+    time.sleep(1.2)  # other processes honour a new rule within RULES_CACHE_SECONDS (1 s)
+    again = agent.gate("run_shell", {"command": "git diff"}, session_id="run-2")
+    assert agent.answer(again, timeout=3) == ("allow", "")  # the rule answered, nobody asked
+    elsewhere = agent.gate("run_shell", {"command": "git diff"}, session_id="run-3")
+    expect(_card(page, elsewhere)).to_be_visible()  # another session still asks
+    rule.get_by_role("button", name="Revoke the rule for run_shell").click()
+    expect(rule).to_have_count(0)
+    _card(page, elsewhere).get_by_role("button", name="Allow", exact=True).click()
+    assert agent.answer(elsewhere) == ("allow", "")
+
+
+def _keyboard(page, agent) -> None:
+    first = agent.gate("write_file", {"path": "CHANGELOG.md", "content": "- tidy"})
+    second = agent.gate("run_shell", {"command": "make test"})
+    expect(_card(page, second)).to_be_visible()
+    _card(page, first).focus()
+    page.keyboard.press("a")
+    assert agent.answer(first) == ("allow", "")
+    _card(page, second).focus()
+    page.keyboard.press("d")
+    assert agent.answer(second)[0] == "deny"
+
+
+def _screenshot(page, agent) -> None:
+    tests = agent.gate("run_tests", {"path": "tests/"}, session_id="run-7")
+    _card(page, tests).get_by_role("button", name="Always allow", exact=True).click()
+    assert agent.answer(tests) == ("allow", "")
+    expect(page.locator("#rules-list .rule")).to_have_count(1)
+    agent.gate("run_shell", {"command": "pytest -q tests/", "cwd": "~/projects/acme"}, "run-7")
+    last = agent.gate(
+        "send_email",
+        {
+            "to": ["ops@example.com"],
+            "subject": "Nightly clean-up finished",
+            "body": "Removed 3 stale build folders (412 MB).\nNo errors.",
+        },
+        session_id="run-7",
+    )
+    expect(_card(page, last)).to_be_visible()
+    expect(page.locator(".card")).to_have_count(2)  # decided cards have faded out
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2; alert(2)">'
+
+
+def test_hostile_arguments_admin_decisions_and_a_server_restart(server, agent, browser):
+    page = _sign_in(browser, server)
+    hostile = agent.gate("write_file", {"path": "<img src=x onerror=alert(1)>.html", "body": XSS})
+    card = _card(page, hostile)
+    expect(card.locator(".args")).to_contain_text('"body": "<script>window.__xss = 1</script>')
+    expect(card.locator(".args")).to_contain_text("<img src=x onerror=alert(1)>.html")
+    assert card.locator("img, script").count() == 0
+    assert page.evaluate("window.__xss === undefined")
+
+    _deny_in_the_admin(page, server, hostile)
+    assert agent.answer(hostile) == ("deny", "The user declined to run this tool call.")
+    expect(card).to_have_count(0)
+    expect(page.locator("#history-list .entry").first).to_contain_text("by you via admin")
+    assert page.dialogs == [] and page.evaluate("window.__xss === undefined")
+
+    _one_session_only(page, agent)
+    _restart(page, server, agent)
+
+
+def _deny_in_the_admin(page, server, approval_id: str) -> None:
+    admin = page.context.new_page()
+    admin.goto(f"{server.url}/admin/approvals/approval/?q={approval_id}")
+    admin.locator("input.action-select").check()
+    admin.locator("select[name=action]").select_option("deny_selected")
+    admin.locator("button[name=index]").click()
+    admin.get_by_role("button", name="Yes, I’m sure").click()
+    expect(admin.locator(".messagelist")).to_contain_text("Decided 1")
+    admin.close()
+    # The inbox shows who decided it, and how, before the card fades out.
+    expect(_card(page, approval_id).locator(".outcome")).to_contain_text("via admin")
+
+
+def _one_session_only(page, agent) -> None:
+    mine = agent.gate("run_shell", {"command": "ls"}, session_id="run-8")
+    other = agent.gate("run_shell", {"command": "ls"}, session_id="run-9")
+    expect(_card(page, other)).to_be_visible()
+    narrow = page.context.new_page()
+    narrow.goto(page.url.split("?")[0] + "?session_id=run-8")
+    expect(_card(narrow, mine)).to_be_visible()
+    expect(narrow.locator("#conn")).to_have_attribute("data-state", "live")
+    assert _card(narrow, other).count() == 0
+    narrow.close()
+    _card(page, mine).get_by_role("button", name="Allow", exact=True).click()
+    _card(page, other).get_by_role("button", name="Allow", exact=True).click()
+    assert agent.answer(mine)[0] == agent.answer(other)[0] == "allow"
+
+
+def _restart(page, server, agent) -> None:
+    from approvals.gate import resolve_tool_decision
+
+    kept = agent.gate("delete_path", {"path": "tmp/"})
+    gone = agent.gate("run_shell", {"command": "whoami"})
+    expect(_card(page, gone)).to_be_visible()
+    server.kill()
+    expect(page.locator("#conn")).to_have_attribute("data-state", "offline")
+    new = agent.gate("send_email", {"to": ["a@example.com"]})  # gated while the site is down
+    assert resolve_tool_decision(gone, "allow", via="api")  # decided while the page is away
+    assert agent.answer(gone)[0] == "allow"
+
+    # Back up, but the WebSocket is refused: the page lists and decides over HTTP.
+    blocked = [True]
+    page.route_web_socket(
+        "**/ws/approvals/**", lambda ws: ws.close() if blocked[0] else ws.connect_to_server()
+    )
+    server.start()
+    expect(_card(page, new)).to_be_visible(timeout=12000)
+    expect(_card(page, gone)).to_have_count(0)
+    assert page.locator("#conn").get_attribute("data-state") != "live"
+    _card(page, new).get_by_role("button", name="Allow", exact=True).click()
+    assert agent.answer(new) == ("allow", "")
+    expect(page.locator("#history-list .entry").first).to_contain_text("by you via web")
+
+    blocked[0] = False
+    page.get_by_role("button", name="Reconnect now").click()
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live")
+    expect(_card(page, kept)).to_be_visible()
+    expect(page.locator("#pending-count")).to_have_text("1")
