@@ -9,6 +9,7 @@ synchronous views; under ASGI Django runs them in its thread pool.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from functools import cache, wraps
 from pathlib import Path
@@ -25,6 +26,7 @@ from .conf import setting
 from .models import Rule, Status, Via
 from .validation import RequestError
 
+csrf_logger = logging.getLogger("django.security.csrf")
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 RULE_FIELDS = (
     "id",
@@ -52,6 +54,12 @@ class _JsonCsrfCheck(CsrfViewMiddleware):
     """Django's own CSRF check, answering a failure in JSON instead of an HTML page."""
 
     def _reject(self, request: HttpRequest, reason: str) -> JsonResponse:
+        csrf_logger.warning(
+            "Forbidden (%s): %s",
+            reason,
+            request.path,
+            extra={"status_code": 403, "request": request},
+        )
         return error_response(
             validation.CSRF_FAILED,
             f"{validation.ERROR_DETAILS[validation.CSRF_FAILED]} ({reason})",
@@ -151,7 +159,7 @@ def tool_confirm(request: HttpRequest) -> JsonResponse:
     if outcome.error == validation.ALREADY_DECIDED:
         return error_response(
             validation.ALREADY_DECIDED,
-            f"That tool call is already {outcome.status}; the first decision stands.",
+            f"That tool call is no longer pending: it is {outcome.status}.",
             status=409,
             extra={"resolved": False, "status": outcome.status},
         )
