@@ -1,0 +1,430 @@
+"""The gate in one process: wake and cancel latency, and what 10,000 waiters cost.
+
+Run: ``python bench/gate.py`` (``--quick`` for a shorter run). Uses a new
+temporary SQLite file database with the site's settings (WAL, IMMEDIATE
+transactions) and no Redis, migrated first; every decision writes its audit row.
+
+Figures:
+
+* wake latency, resolve -> waiter returns (sync thread waiter, async future
+  waiter), p50/p99, including the conditional UPDATE of the audit row;
+* cancel latency, cancel signal -> waiter returns (including the ``cancelled``
+  write), for a ``threading.Event``, an ``asyncio.Event`` and ``task.cancel()``;
+* 10,000 pending async waiters: RSS above the baseline and CPU while idle;
+* the same for a thread-per-waiter gate that polls every 0.5 s (the original
+  in-process design, reimplemented here in a few lines) with 5,000 waiters,
+  and its cancel median; ratios against toolgate.
+
+The memory/idle sections each run in a fresh child process of this run, so
+both start from the same baseline (Django set up, migrated, one call decided).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import random
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    child_env,
+    figure,
+    idle_cpu_percent,
+    percentile,
+    remove_sqlite,
+    report,
+    rss_mib,
+    setup_django,
+)
+
+MS = 1000.0
+
+
+# -- same-process latency ---------------------------------------------------
+
+
+def wake_sync(n: int) -> list[float]:
+    """Resolve from this thread; a waiting thread returns. Seconds per trial."""
+    from approvals import gate
+
+    jobs: queue.Queue = queue.Queue()
+    ready = threading.Event()
+    returned: list[float] = []
+
+    def waiter() -> None:
+        while (job := jobs.get()) is not None:
+            slot, aid = job
+            ready.set()
+            gate.wait_tool_decision(slot, aid)
+            returned.append(time.perf_counter())
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    out = []
+    for _ in range(n):
+        aid = gate.new_approval_id()
+        slot = gate.begin_tool_decision("bench", aid, tool_name="shell", arguments={"cmd": "ls"})
+        ready.clear()
+        jobs.put((slot, aid))
+        ready.wait()
+        time.sleep(0.001)  # let the waiter block
+        before = len(returned)
+        t0 = time.perf_counter()
+        assert gate.resolve_tool_decision(aid, "allow", "bench")
+        while len(returned) == before:
+            time.sleep(0)
+        out.append(returned[-1] - t0)
+    jobs.put(None)
+    t.join()
+    return out
+
+
+async def _wake_async(n: int) -> list[float]:
+    from approvals import gate
+
+    pool = ThreadPoolExecutor(1)  # the "web request" thread that decides
+    loop = asyncio.get_running_loop()
+    out = []
+    starts: list[float] = []
+
+    def resolve(aid: str) -> None:
+        starts.append(time.perf_counter())
+        assert gate.resolve_tool_decision(aid, "deny", "bench")
+
+    for _ in range(n):
+        aid = gate.new_approval_id()
+        slot = await loop.run_in_executor(
+            pool, lambda a=aid: gate.begin_tool_decision("bench", a, tool_name="shell")
+        )
+        task = loop.create_task(gate.await_tool_decision(slot, aid))
+        await asyncio.sleep(0.001)
+        loop.run_in_executor(pool, resolve, aid)
+        assert await task == "deny"
+        out.append(time.perf_counter() - starts[-1])
+    pool.shutdown()
+    return out
+
+
+def cancel_sync(n: int) -> list[float]:
+    """Set a threading.Event; the waiting thread returns (``cancelled`` recorded)."""
+    from approvals import gate
+
+    out = []
+    for _ in range(n):
+        aid = gate.new_approval_id()
+        slot = gate.begin_tool_decision("bench", aid, tool_name="shell")
+        cancel = threading.Event()
+        box: list[float] = []
+        t = threading.Thread(
+            target=lambda s=slot, a=aid, c=cancel, b=box: (
+                gate.wait_tool_decision(s, a, c),
+                b.append(time.perf_counter()),
+            )
+        )
+        t.start()
+        time.sleep(0.002)
+        t0 = time.perf_counter()
+        cancel.set()
+        t.join()
+        out.append(box[0] - t0)
+    return out
+
+
+async def _cancel_async(n: int, how: str) -> list[float]:
+    from approvals import gate
+
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(1)
+    out = []
+    for _ in range(n):
+        aid = gate.new_approval_id()
+        slot = await loop.run_in_executor(
+            pool, lambda a=aid: gate.begin_tool_decision("bench", a, tool_name="shell")
+        )
+        cancel = asyncio.Event()
+        task = loop.create_task(gate.await_tool_decision(slot, aid, cancel))
+        await asyncio.sleep(0.002)
+        t0 = time.perf_counter()
+        if how == "event":
+            cancel.set()
+            assert await task == "deny"
+        else:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        out.append(time.perf_counter() - t0)
+    pool.shutdown()
+    return out
+
+
+# -- memory and idle CPU (each in a child process) -------------------------
+
+
+def _warm_up() -> None:
+    from approvals import gate
+
+    for _ in range(3):
+        aid = gate.new_approval_id()
+        slot = gate.begin_tool_decision("warm", aid, tool_name="shell")
+        gate.resolve_tool_decision(aid, "allow")
+        gate.wait_tool_decision(slot, aid)
+
+
+def section_toolgate(waiters: int, idle: float) -> dict:
+    """``waiters`` pending async calls in one event loop: RSS delta and idle CPU."""
+    from approvals import gate
+    from approvals.listener import get_listener
+
+    _warm_up()
+    time.sleep(1.5)
+    base = rss_mib()
+    threads_before = threading.active_count()
+    t0 = time.perf_counter()
+    slots = []
+    for i in range(waiters):
+        aid = gate.new_approval_id()
+        slot = gate.begin_tool_decision(f"s{i % 50}", aid, tool_name="shell", arguments={"i": i})
+        slots.append((slot, aid))
+    gate_seconds = time.perf_counter() - t0
+
+    async def main() -> dict:
+        tasks = [asyncio.create_task(gate.await_tool_decision(s, a)) for s, a in slots]
+        await asyncio.sleep(2.0)  # every task is awaiting its future; a re-check or two ran
+        assert not any(t.done() for t in tasks)
+        rss = rss_mib()
+        cpu = await _idle_async(idle)
+        result = {
+            "rss_delta_mib": rss - base,
+            "idle_cpu_percent": cpu,
+            "pending_slots": get_listener().pending_slots(),
+            "extra_threads": threading.active_count() - threads_before,
+            "begin_per_call_ms": gate_seconds / waiters * MS,
+        }
+        # Leave now: asyncio.run() would cancel every waiter (a cancelled write each).
+        print("SECTION " + json.dumps(result), flush=True)
+        os._exit(0)
+
+    asyncio.run(main())
+    raise AssertionError("unreachable")
+
+
+async def _idle_async(seconds: float) -> float:
+    from _common import cpu_seconds
+
+    c0, t0 = cpu_seconds(), time.monotonic()
+    await asyncio.sleep(seconds)
+    return 100 * (cpu_seconds() - c0) / (time.monotonic() - t0)
+
+
+class PollingGate:
+    """The original design: a dict of pending calls, one thread per waiter, 0.5 s polls."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, dict] = {}
+        self.lock = threading.Lock()
+
+    def begin(self, aid: str) -> None:
+        with self.lock:
+            self.pending[aid] = {"event": threading.Event(), "decision": None}
+
+    def wait(self, aid: str, cancel: threading.Event, timeout: float = 3600) -> str:
+        entry = self.pending[aid]
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if entry["event"].wait(0.5):
+                    return entry["decision"]
+                if cancel.is_set() or time.monotonic() > deadline:
+                    return "deny"
+        finally:
+            with self.lock:
+                self.pending.pop(aid, None)
+
+    def resolve(self, aid: str, decision: str) -> bool:
+        entry = self.pending.get(aid)
+        if entry is None:
+            return False
+        entry["decision"] = decision
+        entry["event"].set()
+        return True
+
+
+def section_threads(waiters: int, idle: float, cancels: int) -> dict:
+    """The polling gate: RSS delta and idle CPU for ``waiters`` threads, then cancel latency."""
+    _warm_up()
+    time.sleep(1.5)
+    g = PollingGate()
+    base = rss_mib()
+    stop = threading.Event()
+    threads = []
+    for i in range(waiters):
+        aid = f"t{i}"
+        g.begin(aid)
+        t = threading.Thread(target=g.wait, args=(aid, stop), daemon=True)
+        t.start()
+        threads.append(t)
+    time.sleep(2.0)
+    rss = rss_mib()
+    cpu = idle_cpu_percent(idle)
+    stop.set()
+    for t in threads:
+        t.join()
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def one(i: int, ev: threading.Event, set_at: list) -> None:
+        g.wait(f"c{i}", ev)
+        with lock:
+            lat.append(time.perf_counter() - set_at[0])
+
+    boxes = []
+    for i in range(cancels):
+        g.begin(f"c{i}")
+        ev, set_at = threading.Event(), [0.0]
+        threading.Thread(target=one, args=(i, ev, set_at), daemon=True).start()
+        boxes.append((ev, set_at))
+    for ev, set_at in boxes:  # cancels land at random points of the 0.5 s poll
+        time.sleep(random.uniform(0, 0.01))
+        set_at[0] = time.perf_counter()
+        ev.set()
+    while len(lat) < cancels:
+        time.sleep(0.05)
+    return {
+        "rss_delta_mib": rss - base,
+        "idle_cpu_percent": cpu,
+        "cancel_p50_ms": percentile(lat, 50) * MS,
+    }
+
+
+def run_child(section: str, database_url: str, **kw) -> dict:
+    args = [sys.executable, __file__, "--section", section, "--database-url", database_url]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    out = subprocess.run(args, env=child_env(database_url), capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        if line.startswith("SECTION "):
+            return json.loads(line[len("SECTION ") :])
+    raise RuntimeError(f"section {section} failed:\n{out.stdout}\n{out.stderr}")
+
+
+# -- the run ----------------------------------------------------------------
+
+
+def _ms(values: list[float], q: float) -> float:
+    return percentile(values, q) * MS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer trials, shorter idle windows")
+    parser.add_argument("--section", choices=["toolgate", "threads"], help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--waiters", type=int, default=10_000)
+    parser.add_argument("--idle", type=float, default=10.0)
+    parser.add_argument("--cancels", type=int, default=200)
+    args = parser.parse_args()
+    os.environ.pop("REDIS_URL", None)
+    if args.section:
+        setup_django(args.database_url, migrate=False)
+        if args.section == "toolgate":
+            result = section_toolgate(args.waiters, args.idle)
+        else:
+            result = section_threads(args.waiters, args.idle, args.cancels)
+        print("SECTION " + json.dumps(result), flush=True)
+        os._exit(0)  # skip tearing down thousands of waiters
+    database_url = setup_django()
+    try:
+        run(args, database_url)
+    finally:
+        remove_sqlite(database_url)
+
+
+def run(args: argparse.Namespace, database_url: str) -> None:
+    n = 300 if args.quick else 2000
+    ncancel = 100 if args.quick else 300
+    idle = 5.0 if args.quick else 10.0
+    _warm_up()
+    ws = wake_sync(n)
+    wa = asyncio.run(_wake_async(n))
+    cs = cancel_sync(ncancel)
+    ce = asyncio.run(_cancel_async(ncancel, "event"))
+    ct = asyncio.run(_cancel_async(ncancel, "task"))
+    tg = run_child("toolgate", database_url, waiters=10_000, idle=idle)
+    th = run_child("threads", database_url, waiters=5_000, idle=idle, cancels=200)
+    tg_per = tg["rss_delta_mib"] / 10_000
+    th_per = th["rss_delta_mib"] / 5_000
+    cancel_all = cs + ce + ct
+    f = {
+        "wake_sync_p50_ms": figure(_ms(ws, 50), "ms", "wake, sync waiter, p50", "≤ 1", None),
+        "wake_sync_p99_ms": figure(_ms(ws, 99), "ms", "wake, sync waiter, p99", "≤ 5", None),
+        "wake_async_p50_ms": figure(_ms(wa, 50), "ms", "wake, async waiter, p50", "≤ 1", None),
+        "wake_async_p99_ms": figure(_ms(wa, 99), "ms", "wake, async waiter, p99", "≤ 5", None),
+        "cancel_thread_event_p50_ms": figure(_ms(cs, 50), "ms", "cancel, threading.Event, p50"),
+        "cancel_thread_event_p99_ms": figure(
+            _ms(cs, 99), "ms", "cancel, threading.Event, p99", "≤ 20"
+        ),
+        "cancel_asyncio_event_p50_ms": figure(_ms(ce, 50), "ms", "cancel, asyncio.Event, p50"),
+        "cancel_asyncio_event_p99_ms": figure(
+            _ms(ce, 99), "ms", "cancel, asyncio.Event, p99", "≤ 20"
+        ),
+        "cancel_task_p50_ms": figure(_ms(ct, 50), "ms", "cancel, task.cancel(), p50"),
+        "cancel_task_p99_ms": figure(_ms(ct, 99), "ms", "cancel, task.cancel(), p99", "≤ 20"),
+        "idle10k_rss_mib": figure(
+            tg["rss_delta_mib"], "MiB", "10,000 async waiters: RSS above baseline", "≤ 50"
+        ),
+        "idle10k_cpu_percent": figure(
+            tg["idle_cpu_percent"], "% of a core", "10,000 async waiters: CPU while idle", "≤ 1"
+        ),
+        "idle10k_extra_threads": figure(
+            tg["extra_threads"], "threads", "10,000 async waiters: threads added"
+        ),
+        "begin_ms": figure(tg["begin_per_call_ms"], "ms", "begin_tool_decision, mean per call"),
+        "poll5k_rss_mib": figure(
+            th["rss_delta_mib"], "MiB", "polling gate, 5,000 thread waiters: RSS above baseline"
+        ),
+        "poll5k_cpu_percent": figure(
+            th["idle_cpu_percent"], "% of a core", "polling gate, 5,000 waiters: CPU while idle"
+        ),
+        "poll_cancel_p50_ms": figure(th["cancel_p50_ms"], "ms", "polling gate: cancel p50"),
+        "ratio_memory_per_waiter": figure(
+            th_per / tg_per if tg_per > 0 else None,
+            "x",
+            "memory per waiter, polling gate / toolgate",
+        ),
+        "ratio_idle_cpu": figure(
+            th["idle_cpu_percent"] / max(tg["idle_cpu_percent"], 0.01),
+            "x",
+            "idle CPU, polling gate (5,000) / toolgate (10,000)",
+        ),
+        "ratio_cancel_p50": figure(
+            th["cancel_p50_ms"] / max(_ms(cancel_all, 50), 1e-6),
+            "x",
+            "cancel p50, polling gate / toolgate (all three cancel kinds)",
+        ),
+    }
+    for fig in f.values():
+        if fig["goal"]:
+            limit = float(fig["goal"].split()[-1])
+            fig["met"] = fig["value"] is not None and fig["value"] <= limit
+    notes = [
+        f"{n} wake trials and {ncancel} cancel trials per kind; SQLite file DB, WAL, "
+        "no Redis; every decision writes its audit row before the waiter wakes",
+        f"idle CPU measured over {idle:.0f} s with the database re-check running "
+        "(RECHECK_INTERVAL 1 s)",
+    ]
+    report("gate", f, notes)
+
+
+if __name__ == "__main__":
+    main()
