@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import re
+import threading
+import time
 from datetime import timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -16,6 +19,11 @@ from approvals.inbox import CONTENT_SECURITY_POLICY, uses_django_csp
 from approvals.models import Approval
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -196,3 +204,63 @@ def test_static_assets_exist():
     source = Path(script).read_text(encoding="utf-8")
     assert "innerHTML" not in source and "insertAdjacentHTML" not in source
     assert "/api/inference/" not in source
+
+
+# -- the demo agent --------------------------------------------------------
+
+
+def _answer_demo_calls(stop_after: int) -> list[str]:
+    """Answer the demo agent's gated calls as they come: deny the email with a reason."""
+    from approvals.gate import resolve_tool_decision
+
+    seen: list[str] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < stop_after and time.monotonic() < deadline:
+        for row in Approval.objects.filter(status="pending").order_by("pk"):
+            if row.tool_name == "send_email":
+                resolve_tool_decision(row.approval_id, "deny", reason="Not on a Sunday.")
+            else:
+                resolve_tool_decision(row.approval_id, "allow")
+            seen.append(row.tool_name)
+        time.sleep(0.05)
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_demo_agent_gates_risky_calls_and_feeds_back_the_reason(django_user_model):
+    from django.core.management import call_command
+
+    django_user_model.objects.create_user("demo")
+    out = io.StringIO()
+    agent = threading.Thread(
+        target=call_command,
+        args=("run_demo_agent",),
+        kwargs={"rounds": 1, "pause": 0, "stdout": out},
+    )
+    agent.start()
+    try:
+        seen = _answer_demo_calls(stop_after=4)
+    finally:
+        agent.join(30)
+    assert not agent.is_alive()
+    assert sorted(seen) == ["delete_path", "run_shell", "send_email", "write_file"]
+    text = out.getvalue()
+    assert "list_files" in text and "read_file" in text  # safe tools ran without asking
+    assert not Approval.objects.filter(tool_name__in=["list_files", "read_file"]).exists()
+    assert "allowed delete_path: deleted build (inside the demo sandbox)" in text
+    assert "Reason: Not on a Sunday." in text
+    assert Approval.objects.get(tool_name="send_email").user.username == "demo"
+    assert "Demo agent stopped." in text
+
+
+def test_demo_sandbox_refuses_paths_outside_itself():
+    from toolgate_site.management.commands.run_demo_agent import Call, Sandbox
+
+    sandbox = Sandbox()
+    try:
+        with pytest.raises(ValueError):
+            sandbox.run(Call("delete_path", {"path": "../../etc", "recursive": True}))
+        assert sandbox.run(Call("list_files", {"path": "."})) == "README.md, build/, logs/, notes/"
+    finally:
+        sandbox.close()
+    assert not sandbox.root.exists()

@@ -151,8 +151,9 @@ class Command(BaseCommand):
             raise CommandError(f"No user {username!r}: run `manage.py demo_user` first.")
         self.user, self.url, self.pause, self.timeout = user, url, pause, timeout
         self.stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self.stop.set())
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: self.stop.set())
         self.say(f"Demo agent for {username!r}. Risky calls wait for you at {url}")
         try:
             round_no = 0
