@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import re
 import subprocess
 import threading
 import time
@@ -62,73 +60,6 @@ def outcome(session="s1", tool="shell", arguments=None, user=None) -> str:
 def rule(**fields) -> Rule:
     fields.setdefault("decision", "allow")
     return Rule.objects.create(**fields)
-
-
-# -- patterns ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "pattern, value, expected",
-    [
-        ("shell", "shell", True),
-        ("shell", "Shell", False),
-        ("shell", "shell2", False),
-        ("*", "", True),
-        ("*", "anything at all", True),
-        ("**", "x", True),
-        ("git_*", "git_status", True),
-        ("git_*", "git_", True),
-        ("git_*", "agit_status", False),
-        ("*_file", "write_file", True),
-        ("*_file", "write_file2", False),
-        ("a*b*c", "abc", True),
-        ("a*b*c", "aXbYc", True),
-        ("a*b*c", "acb", False),
-        ("ab*ba", "aba", False),
-        ("ab*ba", "abba", True),
-        ("git status*", "git status --short", True),
-        ("git status*", "git push; git status", False),
-        ("rm -rf *", "rm -rf /", True),
-        ("*.*", "a.b", True),
-        ("a.c", "abc", False),  # only * is special
-        ("[ab]", "a", False),
-        ("x?", "xy", False),
-    ],
-)
-def test_pattern(pattern, value, expected):
-    assert rules.matches(pattern, value) is expected
-
-
-def test_patterns_agree_with_a_regex_reference_on_random_input():
-    rng = random.Random(6)
-    for _ in range(3000):
-        pattern = "".join(rng.choice("ab*") for _ in range(rng.randint(0, 6)))
-        value = "".join(rng.choice("ab") for _ in range(rng.randint(0, 8)))
-        regex = "".join(".*" if c == "*" else re.escape(c) for c in pattern)
-        expected = re.fullmatch(regex, value, re.S) is not None
-        assert rules.matches(pattern, value) is expected, (pattern, value)
-
-
-def test_a_pathological_pattern_is_fast():
-    started = time.perf_counter()
-    assert not rules.matches("*a" * 30 + "*b", "a" * 20_000)
-    assert time.perf_counter() - started < 0.5
-
-
-@pytest.mark.parametrize(
-    "value, text",
-    [
-        ("x", "x"),
-        (1, "1"),
-        (1.5, "1.5"),
-        (True, "true"),
-        (None, "null"),
-        (["a", "b"], '["a","b"]'),
-        ({"b": 1, "a": "é"}, '{"a":"é","b":1}'),
-    ],
-)
-def test_non_string_arguments_compare_as_compact_json(value, text):
-    assert rules.as_text(value) == text
 
 
 # -- matching: scope, precedence, expiry ------------------------------------
@@ -250,55 +181,6 @@ def test_a_malformed_rule_matches_nothing():
     assert outcome() == "pending"
 
 
-def test_index_agrees_with_a_plain_scan_of_random_rules():
-    rng = random.Random(60)
-    now = timezone.now()
-    tools = ["shell", "read_file", "write_file", "*", "read_*", "*_file", "sh*ll", "re*e", "s*"]
-    rows = [
-        {
-            "pk": pk,
-            "user_id": rng.choice([None, 1, 2]),
-            "session_id": rng.choice(["", "s1", "s2"]),
-            "tool_name": rng.choice(tools),
-            "arguments_match": rng.choice(
-                [None, {}, {"a": "x*"}, {"a": "*y", "b": "1"}, {"a": "xy"}, {"b": "[1,*"}]
-                + [{"a": "x*z", "b": "*"}, {"b": "*", "a": "xz"}]
-            ),
-            "decision": rng.choice(["allow", "deny"]),
-            "expires_at": rng.choice([None, now - timedelta(1), now + timedelta(1)]),
-            "note": "",
-        }
-        for pk in rng.sample(range(1, 5000), 400)
-    ]
-    cached = [rules.compile_rule(row) for row in rows]
-    index = rules.RuleIndex(cached)
-
-    def plain_scan(user, session, tool, args):
-        found = [
-            r
-            for r in cached
-            if r.user_id in (None, user)
-            and r.session_id in ("", session)
-            and r.applies(tool, args, now)
-        ]
-        denies = [r.pk for r in found if r.decision == "deny"]
-        allows = [r.pk for r in found if r.decision == "allow"]
-        return min(denies) if denies else (min(allows) if allows else None)
-
-    for _ in range(2000):
-        call = (
-            rng.choice([None, 1, 2, 3]),
-            rng.choice(["", "s1", "s2", "s3"]),
-            rng.choice(["shell", "read_file", "write_file", "other"]),
-            rng.choice(
-                [{}, None, {"a": "xy"}, {"a": "xz", "b": 1}, {"a": "y", "b": "1"}]
-                + [{"a": "xyz", "b": [1, 2]}, {"b": [1]}, {"a": "x"}]
-            ),
-        )
-        got = index.match(*call, now)
-        assert (got.pk if got else None) == plain_scan(*call), call
-
-
 # -- caching -------------------------------------------------------------------
 
 
@@ -356,16 +238,28 @@ time.sleep(float(sys.argv[2]))  # let a cross-process channel layer carry the ne
 """
 
 
-def _in_child(env, python, action: str, linger: float = 0.0) -> float:
-    out = subprocess.run(
+def _start_child(env, python, action: str, linger: float = 0.0):
+    """Run CHANGE_RULES in another process; return it and when its change committed."""
+    proc = subprocess.Popen(
         [python, "-c", CHANGE_RULES, action, str(linger)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
-    assert out.returncode == 0, out.stderr
-    return float(out.stdout.split()[0])
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(60)
+        raise AssertionError(proc.stderr.read())
+    return proc, float(line)
+
+
+def _in_child(env, python, action: str) -> float:
+    proc, committed = _start_child(env, python, action)
+    assert proc.wait(60) == 0, proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    return committed
 
 
 def _seconds_until(expected: str, since: float, limit: float = 3.0) -> float:
@@ -405,8 +299,13 @@ def test_with_redis_a_rule_change_arrives_in_milliseconds(child_env, python):
         pytest.skip("runs in make test-services (needs the Redis channel layer)")
     get_listener()  # joined the group before the child publishes
     assert outcome(tool="cross_tool") == "pending"
-    created = _in_child(child_env, python, "create", linger=1.0)
-    assert _seconds_until("allowed", created, limit=2.0) < 0.5  # not the (hour-long) re-check
+    proc, created = _start_child(child_env, python, "create", linger=2.0)
+    try:
+        assert _seconds_until("allowed", created, limit=1.5) < 0.5  # not the hourly check
+    finally:
+        proc.wait(60)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 # -- events and signals -------------------------------------------------------------
@@ -570,13 +469,15 @@ def test_remember_is_ignored_for_a_lost_decision(alice):
 # -- reasons fed back -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("via", ["web", "websocket", "admin", "api"])
-def test_denial_message_carries_the_reason_whatever_the_channel(alice, via):
-    aid, slot = _begin(user=alice)
-    assert _decide(aid, "deny", via=via, by=alice, reason=f"not via {via} today").won
-    assert gate.wait_tool_decision(slot, aid) == "deny"
-    assert Approval.objects.get(approval_id=aid).reason == f"not via {via} today"
-    assert gate.denial_message(aid) == f"{gate.TOOL_REJECTED_MESSAGE} Reason: not via {via} today"
+def test_denial_message_carries_the_reason_whatever_the_channel(alice):
+    for via in ("web", "websocket", "admin", "api"):
+        aid, slot = _begin(user=alice)
+        assert _decide(aid, "deny", via=via, by=alice, reason=f"not via {via} today").won
+        assert gate.wait_tool_decision(slot, aid) == "deny"
+        row = Approval.objects.get(approval_id=aid)
+        assert (row.decided_via, row.reason) == (via, f"not via {via} today")
+        expected = f"{gate.TOOL_REJECTED_MESSAGE} Reason: not via {via} today"
+        assert gate.denial_message(aid) == expected
 
 
 def test_denial_without_reason_is_the_plain_message(alice):
@@ -687,25 +588,15 @@ def test_a_decider_manages_every_rule_in_the_admin(client, django_user_model, al
     assert made["a"] == (alice.pk, boss.pk) and made["b"] == (None, boss.pk)
 
 
-@pytest.mark.parametrize(
-    "text, error",
-    [
-        ('["cmd"]', True),
-        ('"git *"', True),
-        ('{"n": 1}', True),
-        ('{"": "x"}', True),
-        ("{not json", True),
-        ('{"cmd": "git status*", "n": "1"}', False),
-        ("{}", False),
-    ],
-)
-def test_admin_checks_arguments_match(client, carol, text, error):
+def test_admin_checks_arguments_match(client, carol):
     client.force_login(carol)
-    response = client.post(ADD_URL, _rule_form(user=carol.pk, arguments_match=text))
-    assert (response.status_code == 200) is error
-    assert Rule.objects.exists() is not error
-    if not error:
-        assert Rule.objects.get().arguments_match in ({"cmd": "git status*", "n": "1"}, None)
+    for text in ('["cmd"]', '{"n": 1}', "{not json"):
+        response = client.post(ADD_URL, _rule_form(user=carol.pk, arguments_match=text))
+        assert response.status_code == 200, text  # the form again, with the error
+        assert not Rule.objects.exists()
+    good = _rule_form(user=carol.pk, arguments_match='{"cmd": "git status*", "n": "1"}')
+    assert client.post(ADD_URL, good).status_code == 302
+    assert Rule.objects.get().arguments_match == {"cmd": "git status*", "n": "1"}
 
 
 @override_settings(APPROVALS={"RULES_CACHE_SECONDS": 3600})
