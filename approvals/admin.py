@@ -107,11 +107,6 @@ class ApprovalAdmin(admin.ModelAdmin):
         """May this user allow or deny calls (``approvals.decide_approval``)?"""
         return request.user.has_perm("approvals.decide_approval")
 
-    def get_actions(self, request: HttpRequest) -> dict:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
     # -- columns -------------------------------------------------------------
 
     @admin.display(description=_("session"))

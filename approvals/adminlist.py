@@ -187,6 +187,14 @@ def date_hierarchy(cl: Any) -> dict:
     each period is found by an ordered ``LIMIT 1`` or an ``EXISTS`` on an index
     range rather than a ``DISTINCT`` over the whole filtered table.
     """
+    context = _levels(cl)
+    if context.get("show"):
+        # Django 6 names the field in the hierarchy's label.
+        context["field_name"] = cl.model._meta.get_field(DATE_FIELD).verbose_name
+    return context
+
+
+def _levels(cl: Any) -> dict:
     levels = _Levels(cl)
     year, month, day = (_int(cl.params.get(k)) for k in (levels.Y, levels.M, levels.D))
     if year is None:

@@ -374,5 +374,9 @@ def test_date_hierarchy_matches_djangos_own(decider, spread):
     for query in queries:
         response = client.get(CHANGELIST + query)
         cl = response.context["cl"]
-        assert date_hierarchy(cl) == djangos(cl), query
-        assert response.context["approvals_dates"] == djangos(cl), query
+        expected = djangos(cl)
+        if "field_name" not in expected:  # Django < 6 does not name the field
+            expected["field_name"] = "created"
+        assert date_hierarchy(cl) == expected, query
+        assert response.context["approvals_dates"] == expected, query
+        assert "created_at__year" in response.content.decode()
