@@ -611,3 +611,50 @@ def test_admin_changes_apply_at_once(client, carol):
     assert outcome(user=carol) == "allowed"
     assert client.post(f"/admin/approvals/rule/{r.pk}/delete/", {"post": "yes"}).status_code == 302
     assert outcome(user=carol) == "pending"
+
+
+# -- end to end: reasons and remembering through the entry points -----------------
+
+
+def _confirm(client, **body):
+    return client.post("/api/inference/tool-confirm", body, content_type="application/json")
+
+
+def test_http_remember_and_reason_reach_the_rule_and_the_model(client, alice):
+    client.force_login(alice)
+    aid, slot = _begin(user=alice)
+    response = _confirm(
+        client, approval_id=aid, decision="deny", reason="not here", remember="always"
+    )
+    assert response.status_code == 200, response.content
+    assert gate.wait_tool_decision(slot, aid) == "deny"
+    assert gate.denial_message(aid) == f"{gate.TOOL_REJECTED_MESSAGE} Reason: not here"
+    r = Rule.objects.get()
+    assert (r.user, r.session_id, r.decision, r.note) == (alice, "", "deny", "not here")
+    assert outcome(user=alice, session="other") == "denied"
+
+
+def test_http_remember_session_without_a_session_is_a_400_and_changes_nothing(client, alice):
+    client.force_login(alice)
+    aid, slot = _begin(session="", user=alice)
+    response = _confirm(client, approval_id=aid, decision="allow", remember="session")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_field"
+    assert Approval.objects.get(approval_id=aid).status == "pending"
+    assert not Rule.objects.exists()
+    gate.abort_tool_decision(slot, aid)
+
+
+def test_admin_deny_action_reason_reaches_the_model(client, decider):
+    decider.is_staff = True
+    decider.save()
+    client.force_login(decider)
+    aid, slot = _begin()
+    pk = Approval.objects.get(approval_id=aid).pk
+    response = client.post(
+        "/admin/approvals/approval/",
+        {"action": "deny_selected", "_selected_action": [pk], "post": "yes", "reason": "too risky"},
+    )
+    assert response.status_code == 302
+    assert gate.wait_tool_decision(slot, aid) == "deny"
+    assert gate.denial_message(aid) == f"{gate.TOOL_REJECTED_MESSAGE} Reason: too risky"
