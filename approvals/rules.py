@@ -3,11 +3,12 @@
 Rules are cached per process as a :class:`~approvals.ruleindex.RuleIndex`
 (exact tool names as dictionary keys with user and session; ``*`` patterns
 compiled once and filed by their literal prefix), so matching a call costs a
-few dictionary look-ups however many rules the table holds. A change made in this process (admin,
-``remember``) drops the cache at once and tells the other processes over the
-channel layer; every process also asks the database at most once per
-``RULES_CACHE_SECONDS`` whether anything changed, so a change takes effect
-everywhere within about a second even without a cross-process channel layer.
+few dictionary look-ups however many rules the table holds. A change made in
+this process (admin, ``remember``) drops the cache at once and tells the other
+processes over the channel layer; every process also asks the database at most
+once per ``RULES_CACHE_SECONDS`` whether anything changed, so a change takes
+effect everywhere within about a second even without a cross-process channel
+layer.
 
 Matching, in full (see ``docs/rules.md``):
 
