@@ -380,3 +380,34 @@ def test_date_hierarchy_matches_djangos_own(decider, spread):
         assert date_hierarchy(cl) == expected, query
         assert response.context["approvals_dates"] == expected, query
         assert "created_at__year" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_decider_without_view_permission_still_sees_the_list(django_user_model):
+    _, client = staff(django_user_model, "dee", "decide_approval")
+    a = make_approval()
+    r = client.get(CHANGELIST)
+    assert r.status_code == 200
+    assert "allow_selected" in {v for v, _ in r.context["action_form"].fields["action"].choices}
+    run_action(client, "allow_selected", [a], post="yes")
+    assert Approval.objects.get(pk=a.pk).status == "allowed"
+
+
+@pytest.mark.django_db
+def test_select_across_confirms_only_pending_calls_and_caps_the_batch(decider, monkeypatch):
+    import approvals.admin
+
+    monkeypatch.setattr(approvals.admin, "MAX_BATCH", 2)
+    _, client = decider
+    now = timezone.now()
+    oldest = [make_approval(created_at=now - timedelta(minutes=m)) for m in (9, 8, 7)]
+    make_approval(status="denied", decided_via="web")
+    r = client.post(
+        CHANGELIST,
+        {"action": "deny_selected", "select_across": "1", "index": 0, ACTION_CHECKBOX_NAME: ["x"]},
+    )
+    assert r.status_code == 200
+    assert [c.pk for c in r.context["batch"]] == [oldest[0].pk, oldest[1].pk]
+    assert r.context["over_batch"] is True
+    assert r.context["skipped"] == 1
+    assert "Only the oldest 2 pending calls are included" in r.content.decode()
