@@ -68,7 +68,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 20) -> None:
+def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -293,7 +293,7 @@ def _keyboard(page, agent) -> None:
     _card(page, first).focus()
     page.keyboard.press("a")
     assert agent.answer(first) == ("allow", "")
-    _card(page, second).focus()
+    expect(_card(page, second)).to_be_focused()  # focus moves on to the next call
     page.keyboard.press("d")
     assert agent.answer(second)[0] == "deny"
 

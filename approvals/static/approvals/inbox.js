@@ -246,12 +246,17 @@ function insertInOrder(el, createdAt) {
 function removeCard(id) {
   const card = cards.get(id);
   if (!card) return;
-  const hadFocus = card.el.contains(document.activeElement);
-  const next = card.el.nextElementSibling || card.el.previousElementSibling;
+  if (card.el.contains(document.activeElement)) focusNextOpen(card.el);
   cards.delete(id);
   card.el.remove();
   updateCount();
-  if (hadFocus) (next || $("#pending-title")).focus();
+}
+
+function focusNextOpen(el) {
+  const open = [...pendingList.children].filter((li) => li !== el && !li.classList.contains("decided"));
+  const after = open.find((li) => el.compareDocumentPosition(li) & Node.DOCUMENT_POSITION_FOLLOWING);
+  const target = after || open[open.length - 1];
+  (target || $("#pending-title")).focus();
 }
 
 function updateCount() {
@@ -414,6 +419,7 @@ function decided(msg) {
   addHistory(msg);
   const card = cards.get(msg.approval_id);
   if (!card || card.el.classList.contains("decided")) return;
+  if (card.el.contains(document.activeElement)) focusNextOpen(card.el);
   card.el.classList.add("decided");
   card.el.dataset.status = msg.status;
   $(".actions", card.el).hidden = true;
