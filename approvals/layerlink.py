@@ -24,6 +24,9 @@ logger = logging.getLogger("approvals.listener")
 LISTENER_CAPACITY = 10_000
 #: Seconds between renewals of the group membership (cheap: one ZADD).
 GROUP_REFRESH = 10.0
+#: Socket read timeout for the listener's Redis connections: longer than the
+#: 5 s blocking pop channels_redis waits on, short enough to notice a dead link.
+READ_TIMEOUT = 15.0
 #: The longest :meth:`LayerLink.start` waits for the first group join.
 JOIN_WAIT = 2.0
 
@@ -191,4 +194,31 @@ def own_layer_instance(alias: str) -> Any:
     config = dict(configs[alias].get("CONFIG", {}) or {})
     if configs[alias]["BACKEND"].endswith("core.RedisChannelLayer"):
         config["capacity"] = max(int(config.get("capacity", 100)), LISTENER_CAPACITY)
+        config["hosts"] = _with_read_timeout(config.get("hosts"))
     return backend(**config)
+
+
+def _with_read_timeout(hosts: Any) -> list:
+    """Host entries whose socket read timeout outlasts channels_redis's blocking pop.
+
+    channels_redis waits on ``BZPOPMIN`` for 5 s; redis-py 8 defaults
+    ``socket_timeout`` to 5 s too, so an idle receive fails every few seconds
+    (django/channels_redis#422). A timeout left unset, or shorter than the pop,
+    becomes ``READ_TIMEOUT``; an explicit ``None`` (wait forever) is kept.
+    """
+    entries = []
+    for host in hosts or ["redis://localhost:6379"]:
+        if isinstance(host, str):
+            entry = {"address": host}
+        elif isinstance(host, list | tuple):
+            entry = {"host": host[0], "port": host[1]}
+        else:
+            entry = dict(host)
+        timeout = entry.get("socket_timeout", _UNSET)
+        if timeout is _UNSET or (timeout is not None and timeout < READ_TIMEOUT):
+            entry["socket_timeout"] = READ_TIMEOUT
+        entries.append(entry)
+    return entries
+
+
+_UNSET = object()
