@@ -40,7 +40,8 @@ class RuleForm(forms.ModelForm):
 
     def clean_user(self) -> Any:
         user = self.cleaned_data.get("user")
-        if not self.manages_all and (user is None or user.pk != self.editor.pk):
+        editor_pk = getattr(self.editor, "pk", None)  # no editor known: nobody's rule is ok
+        if not self.manages_all and (user is None or editor_pk is None or user.pk != editor_pk):
             raise forms.ValidationError(
                 _("You may only hold rules for yourself."), code="not_yours"
             )
