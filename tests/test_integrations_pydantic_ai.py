@@ -56,6 +56,7 @@ class Script:
     def __init__(self, tool: str, args: dict, call_id: str = "call_1") -> None:
         self.tool, self.args, self.call_id = tool, args, call_id
         self.received: list[Any] = []
+        self.__name__ = f"script_{tool}"  # older FunctionModel versions name the model after it
 
     def __call__(self, messages, info: AgentInfo) -> ModelResponse:
         for part in messages[-1].parts:
@@ -285,7 +286,7 @@ def test_deferred_run_resumes_with_a_decision_made_while_nothing_waited(decision
     assert gate.resolve_tool_decision(row.approval_id, decision, reason="not on a Friday")
 
     results = deferred_results(requests, session_id="chat-def")
-    assert requests.remaining(results) is None
+    assert set(results.approvals) == {"call_9"}  # every deferred call has its answer
     second = agent.run_sync(
         message_history=first.all_messages(), deferred_tool_results=results, deps=Deps("chat-def")
     )

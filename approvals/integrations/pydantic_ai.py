@@ -204,8 +204,8 @@ def deferred_results(
     Allowed calls become ``ToolApproved()``; denied, expired, cancelled or
     abandoned ones ``ToolDenied(denial_message)``. Decisions made while no
     process waited count. Calls still pending are left out unless ``wait=True``
-    (then this blocks until each is decided or expires); check
-    ``requests.remaining(results)`` before resuming.
+    (then this blocks until each is decided or expires): resume once every
+    call in ``requests.approvals`` has its entry in ``results.approvals``.
     """
     target = Target(session_id)
     ids = {
