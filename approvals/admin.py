@@ -22,7 +22,13 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from . import decisions
-from .adminlist import AwaitingFilter, ToolNameFilter, csv_response, date_hierarchy, format_duration
+from .adminlist import (
+    AwaitingFilter,
+    RecentValuesFieldListFilter,
+    csv_response,
+    date_hierarchy,
+    format_duration,
+)
 from .conf import setting
 from .models import Approval, ProcessLease, Rule, Status, Via
 from .ruleforms import RuleForm, RuleScopeFilter, RuleStateFilter
@@ -63,7 +69,7 @@ class ApprovalAdmin(admin.ModelAdmin):
         AwaitingFilter,
         "status",
         "decided_via",
-        ToolNameFilter,
+        ("tool_name", RecentValuesFieldListFilter),
         ("created_at", admin.DateFieldListFilter),
     )
     search_fields = ("approval_id", "session_id", "tool_name")
