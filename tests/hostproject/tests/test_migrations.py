@@ -24,8 +24,8 @@ def test_migrations_apply_from_zero_and_forward_again():
     assert {"approvals_approval", "approvals_rule", "approvals_processlease"} <= _tables()
     with connection.cursor() as cursor:
         relations = connection.introspection.get_relations(cursor, "approvals_approval")
-    assert relations["user_id"] == ("id", "people_user")
-    assert relations["decided_by_id"] == ("id", "people_user")
+    assert relations["user_id"][:2] == ("id", "people_user")
+    assert relations["decided_by_id"][:2] == ("id", "people_user")
     assert Permission.objects.filter(
         content_type__app_label="approvals", codename="decide_approval"
     ).exists()
