@@ -377,3 +377,24 @@ def test_approval_ids_are_stable_unguessable_and_per_session():
     with override_settings(SECRET_KEY="another-secret-key-" + "x" * 40):
         assert approval_id_for("s1", "call_1", "shell") != a
     assert approval_id_for("s1", "", "shell") != approval_id_for("s1", "", "shell")
+
+
+def test_an_approval_given_only_to_the_framework_does_not_run_the_tool():
+    from pydantic_ai import DeferredToolResults
+
+    script, tools = Script("delete_file", {"path": "/q"}, call_id="call_5"), Tools()
+    agent = _deferred_agent(script, tools)
+    first = agent.run_sync("clean up", deps=Deps("chat-bypass"))
+    forged = DeferredToolResults(approvals={"call_5": True})  # toolgate's row is still pending
+    second = agent.run_sync(
+        message_history=first.all_messages(), deferred_tool_results=forged, deps=Deps("chat-bypass")
+    )
+    assert tools.ran == []
+    assert isinstance(second.output, DeferredToolRequests)  # asked again, not run
+    row = Approval.objects.get(session_id="chat-bypass")
+    gate.resolve_tool_decision(row.approval_id, "deny")
+    third = agent.run_sync(
+        message_history=first.all_messages(), deferred_tool_results=forged, deps=Deps("chat-bypass")
+    )
+    assert tools.ran == []
+    assert third.output == f"tool said: {gate.TOOL_REJECTED_MESSAGE}"
