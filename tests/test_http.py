@@ -108,6 +108,16 @@ def test_remember_stores_a_rule_with_the_decision(as_alice, alice, scope):
 
 
 @pytest.mark.django_db
+def test_remember_session_on_a_call_without_a_session_is_refused_whole(as_alice, alice):
+    a = make_approval(alice, session="")
+    r = post(as_alice, {"approval_id": a.approval_id, "decision": "allow", "remember": "session"})
+    assert r.status_code == 400
+    assert r.json()["error"] == "invalid_field" and r.json()["resolved"] is False
+    assert Approval.objects.get(pk=a.pk).status == "pending"  # the decision rolled back
+    assert not Rule.objects.exists()
+
+
+@pytest.mark.django_db
 def test_a_decider_may_decide_someone_elses_call(alice, bob):
     bob = grant_decide(bob)
     a = make_approval(alice)
