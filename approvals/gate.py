@@ -115,6 +115,7 @@ def begin_tool_decision(
         raise
     if rule is not None:
         slot.set(approval.status)
+        listener.unregister(slot)  # answered: nothing to wait for, even if wait is skipped
     return slot
 
 

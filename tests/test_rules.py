@@ -658,3 +658,12 @@ def test_admin_deny_action_reason_reaches_the_model(client, decider):
     assert response.status_code == 302
     assert gate.wait_tool_decision(slot, aid) == "deny"
     assert gate.denial_message(aid) == f"{gate.TOOL_REJECTED_MESSAGE} Reason: too risky"
+
+
+def test_a_rule_decided_call_holds_no_slot_even_if_nobody_waits():
+    rule(tool_name="shell")
+    before = get_listener().pending_slots()
+    aid, slot = _begin()
+    assert slot.status == "allowed"
+    assert get_listener().pending_slots() == before
+    assert gate.wait_tool_decision(slot, aid) == "allow"  # waiting afterwards still works
