@@ -7,6 +7,7 @@ import json
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -355,3 +356,18 @@ def test_an_approval_given_only_to_the_sdk_still_waits_for_toolgate():
     Runner.run_sync(agent, state, context=context)
     assert tools.ran == []
     assert model.received == [gate.EXPIRED_MESSAGE]
+
+
+def test_the_example_runs_offline(child_env, python):
+    out = subprocess.run(
+        [python, "examples/openai_agents_gated.py", "--deferred"],
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "run interrupted: 1 call(s) awaiting approval" in out.stdout
+    assert "[tool] deleting /srv/old-logs" in out.stdout
+    assert "The tool said: deleted /srv/old-logs" in out.stdout

@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -398,3 +399,26 @@ def test_an_approval_given_only_to_the_framework_does_not_run_the_tool():
     )
     assert tools.ran == []
     assert third.output == f"tool said: {gate.TOOL_REJECTED_MESSAGE}"
+
+
+def test_the_example_runs_offline(child_env, python):
+    out = subprocess.run(
+        [
+            python,
+            "examples/pydantic_ai_gated.py",
+            "--deferred",
+            "--answer",
+            "deny",
+            "--reason",
+            "no",
+        ],
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "run ended with 1 call(s) awaiting approval" in out.stdout
+    assert "The tool said: The user declined to run this tool call. Reason: no" in out.stdout
+    assert "[tool]" not in out.stdout
