@@ -231,7 +231,16 @@ def _tail_limit() -> float:
     return 1.0 if os.environ.get("REDIS_URL") else 2.5
 
 
-def test_calls_appear_live_and_answers_reach_the_agent(server, agent, browser):
+def _screenshot_path(tmp_path: Path) -> Path:
+    # docs/inbox.png is rewritten only on request (or when missing), so a test
+    # run leaves the work tree clean.
+    if os.environ.get("TOOLGATE_UPDATE_SCREENSHOT") or not SCREENSHOT.exists():
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        return SCREENSHOT
+    return tmp_path / "inbox.png"
+
+
+def test_calls_appear_live_and_answers_reach_the_agent(server, agent, browser, tmp_path):
     page = _sign_in(browser, server)
     started = time.monotonic()
     shell = agent.gate("run_shell", {"command": "du -sh build logs"})
@@ -263,7 +272,7 @@ def test_calls_appear_live_and_answers_reach_the_agent(server, agent, browser):
 
     _always_allow_and_revoke(page, agent)
     _keyboard(page, agent)
-    _screenshot(page, agent)
+    _screenshot(page, agent, _screenshot_path(tmp_path))
     assert page.dialogs == []
 
 
@@ -298,7 +307,7 @@ def _keyboard(page, agent) -> None:
     assert agent.answer(second)[0] == "deny"
 
 
-def _screenshot(page, agent) -> None:
+def _screenshot(page, agent, path: Path) -> None:
     tests = agent.gate("run_tests", {"path": "tests/"}, session_id="run-7")
     _card(page, tests).get_by_role("button", name="Always allow", exact=True).click()
     assert agent.answer(tests) == ("allow", "")
@@ -316,8 +325,8 @@ def _screenshot(page, agent) -> None:
     expect(_card(page, last)).to_be_visible()
     expect(page.locator(".card")).to_have_count(2)  # decided cards have faded out
     page.evaluate("document.activeElement && document.activeElement.blur()")
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
 
 
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2; alert(2)">'
