@@ -8,7 +8,9 @@ mounted under any prefix. Include :mod:`approvals.page_urls` to serve it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -41,6 +43,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
     ]
 )
 
+_SAFE_ORIGIN = re.compile(r"^[A-Za-z0-9.\-\[\]:]+$")
 _DJANGO_CSP_MIDDLEWARE = "django.middleware.csp.ContentSecurityPolicyMiddleware"
 
 
@@ -67,10 +70,20 @@ def uses_django_csp() -> bool:
     )
 
 
-def add_content_security_policy(response: HttpResponse) -> HttpResponse:
-    """Give ``response`` the page's CSP unless Django's CSP middleware will send one."""
-    if not uses_django_csp() and "Content-Security-Policy" not in response:
-        response["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+def add_content_security_policy(response: HttpResponse, websocket_url: str = "") -> HttpResponse:
+    """Give ``response`` the page's CSP unless Django's CSP middleware will send one.
+
+    A WebSocket on another origin (an absolute ``ws(s)://`` URL) is added to
+    ``connect-src``; everything else stays ``'self'``.
+    """
+    if uses_django_csp() or "Content-Security-Policy" in response:
+        return response
+    policy = CONTENT_SECURITY_POLICY
+    parts = urlsplit(websocket_url)
+    if parts.scheme in ("ws", "wss") and parts.netloc and _SAFE_ORIGIN.match(parts.netloc):
+        origin = f"{parts.scheme}://{parts.netloc}"
+        policy = policy.replace("connect-src 'self'", f"connect-src 'self' {origin}")
+    response["Content-Security-Policy"] = policy
     return response
 
 
@@ -93,4 +106,4 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "server_time": timezone.now().isoformat(),
     }
     response = render(request, "approvals/inbox.html", context)
-    return add_content_security_policy(response)
+    return add_content_security_policy(response, context["websocket_url"])

@@ -264,3 +264,14 @@ def test_demo_sandbox_refuses_paths_outside_itself():
     finally:
         sandbox.close()
     assert not sandbox.root.exists()
+
+
+def test_a_websocket_on_another_origin_is_allowed_by_the_page_policy(page, settings):
+    live = "wss://live.example.com:8443/ws/approvals/"
+    with override_settings(APPROVALS={**settings.APPROVALS, "INBOX_WEBSOCKET_URL": live}):
+        response = page.get("/approvals/")
+    assert _data(response.content.decode(), "websocket-url") == live
+    if not uses_django_csp():
+        policy = response["Content-Security-Policy"]
+        assert "connect-src 'self' wss://live.example.com:8443;" in policy
+        assert "script-src 'self';" in policy
