@@ -18,6 +18,7 @@ Nothing here imports a framework; each adapter module does.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -53,9 +54,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-#: What :func:`defer_call` reports for a call nobody has decided yet.
-PENDING = Status.PENDING
 
 
 @runtime_checkable
@@ -325,8 +323,6 @@ def outcomes(session_id: str, approval_ids: Iterable[str], *, wait: bool = False
 
 async def aoutcomes(session_id: str, approval_ids: Iterable[str], *, wait: bool = False) -> dict:
     """Async :func:`outcomes`; with ``wait=True`` all pending calls are awaited together."""
-    import asyncio
-
     result = await sync_to_async(outcomes)(session_id, list(approval_ids))
     pending = [aid for aid, verdict in result.items() if verdict.pending]
     if wait and pending:
