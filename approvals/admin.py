@@ -218,6 +218,8 @@ class ApprovalAdmin(admin.ModelAdmin):
             return None
         if not form.is_bound:
             form = DecideForm(initial={"skipped": skipped})
+        for call in batch[:MAX_LISTED]:
+            call.arguments_json = json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)
         opts = self.model._meta
         verb = _("Allow") if answer == "allow" else _("Deny")
         context = {

@@ -126,6 +126,7 @@ def test_the_action_asks_first_then_decides_with_post_yes(decider):
     assert r.templates[0].name == "admin/approvals/approval/decide_selected_confirmation.html"
     html = r.content.decode()
     assert "rm" in html and "&lt;b&gt;" in html and "<b>" not in html
+    assert "{&quot;x&quot;: &quot;&lt;b&gt;&quot;}" in html  # the arguments as JSON
     assert p1.approval_id in html and p2.approval_id in html and done.approval_id not in html
     assert 'name="post" value="yes"' in html and 'name="reason"' in html
     assert "1 selected call is already decided" in html
