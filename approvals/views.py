@@ -96,7 +96,8 @@ def json_endpoint(method: str, *, extra: dict | None = None, csrf: bool = False)
                 )
                 response["Allow"] = method
                 return response
-            if not request.user.is_authenticated:
+            user = getattr(request, "user", None)  # None without AuthenticationMiddleware
+            if user is None or not user.is_authenticated:
                 return error_response(validation.AUTHENTICATION_REQUIRED, status=401, extra=extra)
             try:
                 if csrf:
