@@ -35,6 +35,7 @@ from openai.types.responses import (  # noqa: E402
 
 from approvals import gate  # noqa: E402
 from approvals.decisions import abandon_orphans  # noqa: E402
+from approvals.integrations import approval_id_for  # noqa: E402
 from approvals.integrations.openai_agents import (  # noqa: E402
     aapply_decisions,
     apply_decisions,
@@ -124,19 +125,13 @@ def decide_when_pending(session_id: str, decision: str, reason: str = "", how=No
 
     def run() -> None:
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                row = Approval.objects.filter(session_id=session_id, status="pending").first()
-                if row is not None:
-                    box["row"] = row
-                    if how is None:
-                        box["won"] = gate.resolve_tool_decision(
-                            row.approval_id, decision, session_id, reason=reason
-                        )
-                    else:
-                        box["won"] = how(row)
-                    return
-                time.sleep(0.02)
+            box["row"] = row = _wait_for_pending(session_id)
+            if how is not None:
+                box["won"] = how(row)
+            else:
+                box["won"] = gate.resolve_tool_decision(
+                    row.approval_id, decision, session_id, reason=reason
+                )
         finally:
             connections.close_all()
 
@@ -371,3 +366,16 @@ def test_the_example_runs_offline(child_env, python):
     assert "run interrupted: 1 call(s) awaiting approval" in out.stdout
     assert "[tool] deleting /srv/old-logs" in out.stdout
     assert "The tool said: deleted /srv/old-logs" in out.stdout
+
+
+def test_approval_ids_are_stable_unguessable_and_per_session():
+    a = approval_id_for("s1", "call_1", "shell")
+    assert a == approval_id_for("s1", "call_1", "shell")
+    assert a != approval_id_for("s2", "call_1", "shell")
+    assert a != approval_id_for("s1", "call_2", "shell")
+    assert len(a) == 32 and set(a) <= set(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    )
+    with override_settings(SECRET_KEY="another-secret-key-" + "x" * 40):
+        assert approval_id_for("s1", "call_1", "shell") != a
+    assert approval_id_for("s1", "", "shell") != approval_id_for("s1", "", "shell")
