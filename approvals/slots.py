@@ -31,7 +31,8 @@ class Slot:
         self.expires_at = expires_at
         self._status: str | None = None
         self._interrupted = False
-        self._event = threading.Event()
+        # Made on the first sync wait: an async waiter never needs one (~1 KiB each).
+        self._event: threading.Event | None = None
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     def __repr__(self) -> str:
@@ -56,7 +57,10 @@ class Slot:
             self._wake(INTERRUPTED)
 
     def _wake(self, value: str) -> None:
-        self._event.set()
+        with _EVENT_LOCK:
+            event = self._event
+        if event is not None:
+            event.set()
         for loop, fut in list(self._futures):
             try:
                 loop.call_soon_threadsafe(_settle, fut, value)
@@ -65,7 +69,13 @@ class Slot:
 
     def wait(self, timeout: float | None) -> str | None:
         """Block up to ``timeout`` seconds; return the status, ``INTERRUPTED`` or ``None``."""
-        self._event.wait(timeout)
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._result() is not None:  # woken before anyone waited
+                    self._event.set()
+            event = self._event
+        event.wait(timeout)
         return self._result()
 
     def future(self) -> asyncio.Future:
@@ -82,6 +92,9 @@ class Slot:
         if self._status is not None:
             return self._status
         return INTERRUPTED if self._interrupted else None
+
+
+_EVENT_LOCK = threading.Lock()
 
 
 def _settle(fut: asyncio.Future, value: str) -> None:

@@ -97,6 +97,13 @@ def rss_of(pid: int) -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system, all threads) another process has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds() -> float:
     """CPU time (user + system) this process has used so far, all threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

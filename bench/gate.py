@@ -29,6 +29,7 @@ import queue
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,12 +38,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     child_env,
+    cpu_of,
     figure,
-    idle_cpu_percent,
     percentile,
     remove_sqlite,
     report,
     rss_mib,
+    rss_of,
     setup_django,
 )
 
@@ -181,8 +183,8 @@ def _warm_up() -> None:
         gate.wait_tool_decision(slot, aid)
 
 
-def section_toolgate(waiters: int, idle: float) -> dict:
-    """``waiters`` pending async calls in one event loop: RSS delta and idle CPU."""
+def section_toolgate(waiters: int) -> None:
+    """``waiters`` pending async calls in one event loop, then idle until killed."""
     from approvals import gate
     from approvals.listener import get_listener
 
@@ -196,35 +198,26 @@ def section_toolgate(waiters: int, idle: float) -> dict:
         aid = gate.new_approval_id()
         slot = gate.begin_tool_decision(f"s{i % 50}", aid, tool_name="shell", arguments={"i": i})
         slots.append((slot, aid))
-    gate_seconds = time.perf_counter() - t0
+    begin_ms = (time.perf_counter() - t0) / waiters * MS
 
-    async def main() -> dict:
+    async def main() -> None:
         tasks = [asyncio.create_task(gate.await_tool_decision(s, a)) for s, a in slots]
-        await asyncio.sleep(2.0)  # every task is awaiting its future; a re-check or two ran
+        await asyncio.sleep(0.5)
         assert not any(t.done() for t in tasks)
-        rss = rss_mib()
-        cpu = await _idle_async(idle)
-        result = {
-            "rss_delta_mib": rss - base,
-            "idle_cpu_percent": cpu,
-            "pending_slots": get_listener().pending_slots(),
-            "extra_threads": threading.active_count() - threads_before,
-            "begin_per_call_ms": gate_seconds / waiters * MS,
-        }
-        # Leave now: asyncio.run() would cancel every waiter (a cancelled write each).
-        print("SECTION " + json.dumps(result), flush=True)
-        os._exit(0)
+        _ready(
+            base_rss_mib=base,
+            pending_slots=get_listener().pending_slots(),
+            extra_threads=threading.active_count() - threads_before,
+            begin_per_call_ms=begin_ms,
+        )
+        await asyncio.sleep(3600)
 
     asyncio.run(main())
-    raise AssertionError("unreachable")
 
 
-async def _idle_async(seconds: float) -> float:
-    from _common import cpu_seconds
-
-    c0, t0 = cpu_seconds(), time.monotonic()
-    await asyncio.sleep(seconds)
-    return 100 * (cpu_seconds() - c0) / (time.monotonic() - t0)
+def _ready(**info) -> None:
+    """Tell the parent the waiters are in place; it measures this process from outside."""
+    print("SECTION " + json.dumps(info), flush=True)
 
 
 class PollingGate:
@@ -260,26 +253,29 @@ class PollingGate:
         return True
 
 
-def section_threads(waiters: int, idle: float, cancels: int) -> dict:
-    """The polling gate: RSS delta and idle CPU for ``waiters`` threads, then cancel latency."""
+def section_threads(waiters: int, cancels: int) -> None:
+    """The polling gate: cancel latency, then ``waiters`` polling threads until killed."""
     _warm_up()
     time.sleep(1.5)
     g = PollingGate()
+    cancel_p50 = _polling_cancel_p50(g, cancels)
+    time.sleep(1.0)
     base = rss_mib()
-    stop = threading.Event()
-    threads = []
+    go, stop = threading.Event(), threading.Event()
+
+    def waiter(aid: str) -> None:
+        go.wait()  # start polling only once all exist, or starting them crawls
+        g.wait(aid, stop)
+
     for i in range(waiters):
-        aid = f"t{i}"
-        g.begin(aid)
-        t = threading.Thread(target=g.wait, args=(aid, stop), daemon=True)
-        t.start()
-        threads.append(t)
-    time.sleep(2.0)
-    rss = rss_mib()
-    cpu = idle_cpu_percent(idle)
-    stop.set()
-    for t in threads:
-        t.join()
+        g.begin(f"t{i}")
+        threading.Thread(target=waiter, args=(f"t{i}",), daemon=True).start()
+    go.set()
+    _ready(base_rss_mib=base, cancel_p50_ms=cancel_p50)
+    time.sleep(3600)
+
+
+def _polling_cancel_p50(g: PollingGate, cancels: int) -> float:
     lat: list[float] = []
     lock = threading.Lock()
 
@@ -300,22 +296,40 @@ def section_threads(waiters: int, idle: float, cancels: int) -> dict:
         ev.set()
     while len(lat) < cancels:
         time.sleep(0.05)
-    return {
-        "rss_delta_mib": rss - base,
-        "idle_cpu_percent": cpu,
-        "cancel_p50_ms": percentile(lat, 50) * MS,
-    }
+    return percentile(lat, 50) * MS
 
 
-def run_child(section: str, database_url: str, **kw) -> dict:
+def run_child(section: str, database_url: str, idle: float, **kw) -> dict:
+    """Start a section in a child, then measure its RSS and idle CPU from here.
+
+    Measuring from outside keeps the figures honest when the child's own
+    threads would starve a measuring thread of the GIL (the polling gate does).
+    """
     args = [sys.executable, __file__, "--section", section, "--database-url", database_url]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    out = subprocess.run(args, env=child_env(database_url), capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        if line.startswith("SECTION "):
-            return json.loads(line[len("SECTION ") :])
-    raise RuntimeError(f"section {section} failed:\n{out.stdout}\n{out.stderr}")
+    errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in finally)
+    proc = subprocess.Popen(
+        args, env=child_env(database_url), stdout=subprocess.PIPE, stderr=errors, text=True
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("SECTION "):
+                info = json.loads(line[len("SECTION ") :])
+                break
+        else:
+            errors.seek(0)
+            raise RuntimeError(f"section {section} failed:\n{errors.read()[-3000:]}")
+        time.sleep(2.0)  # settle: every waiter has started waiting
+        info["rss_delta_mib"] = rss_of(proc.pid) - info["base_rss_mib"]
+        c0, t0 = cpu_of(proc.pid), time.monotonic()
+        time.sleep(idle)
+        info["idle_cpu_percent"] = 100 * (cpu_of(proc.pid) - c0) / (time.monotonic() - t0)
+        return info
+    finally:
+        proc.kill()
+        proc.wait()
+        errors.close()
 
 
 # -- the run ----------------------------------------------------------------
@@ -331,18 +345,16 @@ def main() -> None:
     parser.add_argument("--section", choices=["toolgate", "threads"], help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--waiters", type=int, default=10_000)
-    parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--cancels", type=int, default=200)
     args = parser.parse_args()
     os.environ.pop("REDIS_URL", None)
     if args.section:
         setup_django(args.database_url, migrate=False)
         if args.section == "toolgate":
-            result = section_toolgate(args.waiters, args.idle)
+            section_toolgate(args.waiters)
         else:
-            result = section_threads(args.waiters, args.idle, args.cancels)
-        print("SECTION " + json.dumps(result), flush=True)
-        os._exit(0)  # skip tearing down thousands of waiters
+            section_threads(args.waiters, args.cancels)
+        return
     database_url = setup_django()
     try:
         run(args, database_url)
@@ -360,8 +372,11 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     cs = cancel_sync(ncancel)
     ce = asyncio.run(_cancel_async(ncancel, "event"))
     ct = asyncio.run(_cancel_async(ncancel, "task"))
-    tg = run_child("toolgate", database_url, waiters=10_000, idle=idle)
-    th = run_child("threads", database_url, waiters=5_000, idle=idle, cancels=200)
+    from approvals import listener
+
+    listener.shutdown()  # this process now only waits for its children
+    tg = run_child("toolgate", database_url, idle, waiters=10_000)
+    th = run_child("threads", database_url, idle, waiters=5_000, cancels=200)
     tg_per = tg["rss_delta_mib"] / 10_000
     th_per = th["rss_delta_mib"] / 5_000
     cancel_all = cs + ce + ct
