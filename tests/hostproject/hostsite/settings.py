@@ -1,8 +1,8 @@
 """A host project that is not ours: ``startproject`` defaults plus what the install guide says.
 
-Deliberately absent: an ``APPROVALS`` setting, any SQLite tuning, and anything
-from ``toolgate_site``. The user model is the host's own (``people.User``:
-email login, UUID primary key).
+Deliberately absent: an ``APPROVALS`` setting, any SQLite tuning (no WAL, no
+IMMEDIATE transactions), and anything from ``toolgate_site``. The user model is
+the host's own (``people.User``: email login, UUID primary key).
 """
 
 from pathlib import Path
@@ -59,6 +59,11 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": BASE_DIR / "db.sqlite3",
+        # The one change from the defaults, for tests only: the app's process
+        # listener reads and writes from its own thread, and SQLite's shared-cache
+        # in-memory test database answers concurrent access with "database table
+        # is locked" at once instead of waiting. A file waits (docs/install.md).
+        "TEST": {"NAME": BASE_DIR / ".test-db.sqlite3"},
     }
 }
 

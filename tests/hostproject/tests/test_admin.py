@@ -98,3 +98,30 @@ def test_changelist_search_filters_and_detail_page_work_with_the_hosts_user(alic
     assert detail.status_code == 200
     assert "alice@example.com" in detail.content.decode()
     gate.abort_tool_decision(slot, aid)
+
+
+def test_csv_export_names_the_hosts_users(alice, reviewer):
+    aid, slot = _gate(alice, tool="send_email")
+    assert gate.resolve_tool_decision(aid, "deny", user=reviewer, reason="spam")
+    gate.wait_tool_decision(slot, aid)
+    pk = Approval.objects.get(approval_id=aid).pk
+    response = _client(reviewer).post(
+        CHANGELIST, {"action": "export_csv", ACTION_CHECKBOX_NAME: [pk]}
+    )
+    assert response.status_code == 200
+    text = b"".join(response.streaming_content).decode()
+    assert aid in text and "alice@example.com" in text and "reviewer@example.com" in text
+
+
+def test_rule_admin_works_with_the_hosts_user_model(alice, make_user):
+    from approvals.models import Rule
+
+    admin_user = make_user("root@example.com", staff=True)
+    admin_user.is_superuser = True
+    admin_user.save()
+    Rule.objects.create(user=alice, tool_name="read_*", decision="allow", created_by=alice)
+    client = _client(admin_user)
+    listing = client.get("/backoffice/approvals/rule/", {"q": "alice@example.com"})
+    assert listing.status_code == 200
+    assert "read_*" in listing.content.decode()
+    assert client.get("/backoffice/approvals/rule/add/").status_code == 200

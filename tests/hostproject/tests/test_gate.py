@@ -89,3 +89,20 @@ def test_remembered_rule_answers_the_next_call_of_that_uuid_user_only(alice, bob
     slot = gate.begin_tool_decision("run-7", other, tool_name="read_file", user=bob)
     assert Approval.objects.get(approval_id=other).status == "pending"
     gate.abort_tool_decision(slot, other)
+
+
+def test_the_sweep_command_runs_in_the_host(alice):
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    aid = gate.new_approval_id()
+    slot = gate.begin_tool_decision("sweep-run", aid, tool_name="shell", user=alice)
+    Approval.objects.filter(approval_id=aid).update(expires_at=timezone.now() - timedelta(1))
+    out = StringIO()
+    call_command("approvals_sweep", stdout=out)
+    assert "expired 1" in out.getvalue()
+    assert gate.wait_tool_decision(slot, aid) == "deny"
+    assert Approval.objects.get(approval_id=aid).decided_via == "sweep"

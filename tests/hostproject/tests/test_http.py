@@ -129,3 +129,20 @@ def test_openapi_document_is_served_under_the_hosts_prefix(alice):
     assert document["openapi"].startswith("3.1")
     assert document["servers"] == [{"url": PREFIX.rstrip("/")}]
     assert "/tool-confirm" in document["paths"]
+
+
+def test_remembered_rule_is_listed_and_revoked_under_the_hosts_prefix(alice, bob):
+    aid, slot = _gate(alice, session="rule-run", tool="read_file")
+    client, token = _csrf_client(alice)
+    body = {"approval_id": aid, "decision": "allow", "remember": "always"}
+    assert _post(client, token, body).status_code == 200
+    gate.wait_tool_decision(slot, aid)
+
+    rules = client.get(PREFIX + "rules").json()["rules"]
+    assert [(r["tool_name"], r["decision"]) for r in rules] == [("read_file", "allow")]
+    revoke = PREFIX + f"rules/{rules[0]['id']}/revoke"
+    other, other_token = _csrf_client(bob)
+    assert other.post(revoke, headers={"X-CSRFToken": other_token}).status_code == 404
+    response = client.post(revoke, headers={"X-CSRFToken": token})
+    assert response.status_code == 200 and response.json()["revoked"] is True
+    assert client.get(PREFIX + "rules").json()["rules"] == []
