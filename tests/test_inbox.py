@@ -217,8 +217,8 @@ def _answer_demo_calls(stop_after: int) -> list[str]:
     deadline = time.monotonic() + 30
     while len(seen) < stop_after and time.monotonic() < deadline:
         for row in Approval.objects.filter(status="pending").order_by("pk"):
-            if row.tool_name == "send_email":
-                resolve_tool_decision(row.approval_id, "deny", reason="Not on a Sunday.")
+            if row.tool_name in ("send_email", "delete_path"):
+                resolve_tool_decision(row.approval_id, "deny", reason="Not on a Sunday")
             else:
                 resolve_tool_decision(row.approval_id, "allow")
             seen.append(row.tool_name)
@@ -247,9 +247,14 @@ def test_demo_agent_gates_risky_calls_and_feeds_back_the_reason(django_user_mode
     text = out.getvalue()
     assert "list_files" in text and "read_file" in text  # safe tools ran without asking
     assert not Approval.objects.filter(tool_name__in=["list_files", "read_file"]).exists()
-    assert "allowed delete_path: deleted build (inside the demo sandbox)" in text
-    assert "Reason: Not on a Sunday." in text
-    assert Approval.objects.get(tool_name="send_email").user.username == "demo"
+    assert "allowed run_shell: 140K build; 0K logs" in text
+    assert "delete_path not run; the model is told: 'The user declined" in text
+    assert "Reason: Not on a Sunday" in text
+    email = Approval.objects.get(tool_name="send_email")
+    assert email.user.username == "demo"
+    # The agent reports what actually happened, denial reason included.
+    assert "- Measured the build and log folders." in email.arguments["body"]
+    assert "- Left the build folder in place (Not on a Sunday)." in email.arguments["body"]
     assert "Demo agent stopped." in text
 
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,35 @@ class Call:
 @dataclass(frozen=True)
 class Step:
     thought: str
-    calls: tuple[Call, ...]
+    #: The calls, or a function of what happened so far that returns them.
+    calls: tuple[Call, ...] | Callable[[list[str]], tuple[Call, ...]]
 
 
 #: Tools that only look: they run without asking.
 SAFE_TOOLS = frozenset({"list_files", "read_file"})
+
+#: How the agent sums up a risky call for its report: (if it ran, if it did not).
+SUMMARIES = {
+    "run_shell": ("Measured the build and log folders.", "Did not measure the folders"),
+    "delete_path": ("Removed the stale build folder.", "Left the build folder in place"),
+}
+
+
+def report_calls(done: list[str]) -> tuple[Call, ...]:
+    """The last step: write down and send what actually happened."""
+    lines = "\n".join(f"- {line}" for line in done) or "- Nothing changed."
+    return (
+        Call("write_file", {"path": "CHANGELOG.md", "content": f"## Unreleased\n{lines}\n"}),
+        Call(
+            "send_email",
+            {
+                "to": ["team@example.com"],
+                "subject": "Workspace clean-up",
+                "body": f"Hi all,\n\nWhat I did today:\n{lines}\n\n-- your agent",
+            },
+        ),
+    )
+
 
 SCRIPT = (
     Step("Let me see what is in the project.", (Call("list_files", {"path": "."}),)),
@@ -51,24 +76,7 @@ SCRIPT = (
         "The build folder is stale; I will remove it.",
         (Call("delete_path", {"path": "build", "recursive": True}),),
     ),
-    Step(
-        "I will record the clean-up and tell the team (two calls at once).",
-        (
-            Call(
-                "write_file",
-                {"path": "CHANGELOG.md", "content": "## Unreleased\n- Removed the stale build\n"},
-            ),
-            Call(
-                "send_email",
-                {
-                    "to": ["team@example.com"],
-                    "subject": "Workspace tidied",
-                    "body": "Hi all,\n\nI removed the stale build folder and updated the "
-                    "changelog.\n\n-- your agent",
-                },
-            ),
-        ),
-    ),
+    Step("I will record what I did and tell the team (two calls at once).", report_calls),
 )
 
 
@@ -175,18 +183,20 @@ class Command(BaseCommand):
         session_id = f"demo-{round_no}-{secrets.token_hex(2)}"
         sandbox = Sandbox()
         self.say(f"Task: tidy the workspace and tell the team  (session {session_id})")
+        done: list[str] = []
         try:
             for step in SCRIPT:
                 if self.stop.wait(self.pause):
                     return
                 self.say(f"thinking: {step.thought}")
-                self.run_step(session_id, step, sandbox)
+                calls = step.calls(done) if callable(step.calls) else step.calls
+                self.run_step(session_id, calls, sandbox, done)
         finally:
             sandbox.close()
 
-    def run_step(self, session_id: str, step: Step, sandbox: Sandbox) -> None:
+    def run_step(self, session_id: str, calls: tuple, sandbox: Sandbox, done: list) -> None:
         gated = []
-        for n, call in enumerate(step.calls):
+        for n, call in enumerate(calls):
             shown = json.dumps(call.arguments, ensure_ascii=False)
             if call.tool in SAFE_TOOLS:
                 self.say(f"  {call.tool} {shown} -> {sandbox.run(call)[:100]}")
@@ -207,8 +217,14 @@ class Command(BaseCommand):
             answer = gate.wait_tool_decision(slot, approval_id, cancel_event=self.stop)
             if self.stop.is_set():
                 continue  # stopping: the call is recorded as cancelled
+            ran, skipped = SUMMARIES.get(call.tool, ("", ""))
             if answer == "allow":
                 self.say(f"  allowed {call.tool}: {sandbox.run(call)}")
+                summary = ran
             else:
                 message = gate.denial_message(approval_id)
                 self.say(f"  {call.tool} not run; the model is told: {message!r}")
+                reason = message.partition(" Reason: ")[2] or "not approved"
+                summary = skipped and f"{skipped} ({reason})."
+            if summary:
+                done.append(summary)
