@@ -52,6 +52,16 @@ def child_environment(env: dict, approvals: dict | None = None) -> dict:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (Linux), so no orphans."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
     """SIGTERM, then SIGKILL after ``timeout``; always reaps."""
     if proc.poll() is None:
@@ -104,7 +114,11 @@ def start_daphne(env: dict, port: int = 0, *, approvals: dict | None = None) -> 
     command.append("toolgate_site.asgi:application")
     try:
         proc = subprocess.Popen(
-            command, cwd=ROOT, env=child_environment(env, approvals), pass_fds=fds
+            command,
+            cwd=ROOT,
+            env=child_environment(env, approvals),
+            pass_fds=fds,
+            preexec_fn=_die_with_parent,
         )
     finally:
         if listener is not None:
@@ -210,10 +224,15 @@ class Agent:
 
     def gate(self, session_id: str, *, user_id: int | None = None, **details: Any) -> str:
         """Gate one call in the agent; returns its approval_id once the row is written."""
-        aid = secrets.token_urlsafe(24)
+        return self.gate_timed(session_id, user_id=user_id, **details)["approval_id"]
+
+    def gate_timed(
+        self, session_id: str, *, user_id: int | None = None, approval_id: str = "", **details: Any
+    ) -> dict:
+        """Like :meth:`gate`, returning the ``gated`` line (``t0`` before, ``t`` after begin)."""
+        aid = approval_id or secrets.token_urlsafe(24)
         self.send(op="gate", session_id=session_id, approval_id=aid, user_id=user_id, **details)
-        self.expect(event="gated", approval_id=aid)
-        return aid
+        return self.expect(event="gated", approval_id=aid)
 
     def answer(self, approval_id: str, timeout: float = 10.0) -> dict:
         """The agent's ``answer`` line for ``approval_id`` (``answer``, ``t``)."""
@@ -243,6 +262,7 @@ def start_agent(env: dict, *, approvals: dict | None = None, timeout: float = 30
         stdout=subprocess.PIPE,
         text=True,
         bufsize=1,
+        preexec_fn=_die_with_parent,
     )
     agent = Agent(proc)
     threading.Thread(target=agent._read, daemon=True).start()
@@ -275,6 +295,7 @@ def _agent_main() -> None:
         command = json.loads(raw)
         if command.get("op") == "quit":
             break
+        started = time.monotonic()
         try:
             aid = command["approval_id"]
             slot = gate.begin_tool_decision(
@@ -288,7 +309,7 @@ def _agent_main() -> None:
         except Exception as exc:
             emit(event="error", detail=repr(exc))
             continue
-        emit(event="gated", approval_id=aid, t=time.monotonic())
+        emit(event="gated", approval_id=aid, t0=started, t=time.monotonic())
         threading.Thread(target=wait, args=(slot, aid), daemon=True).start()
 
 
