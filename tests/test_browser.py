@@ -201,8 +201,9 @@ def _sign_in(browser, server, session_id: str = "") -> object:
     server.wait()
     page = browser.new_context(viewport={"width": 1180, "height": 760}).new_page()
     page.set_default_timeout(8000)
-    page.dialogs = []
+    page.dialogs, page.errors = [], []
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
     query = f"?session_id={session_id}" if session_id else ""
     page.goto(f"{server.url}/approvals/{query}")
     assert "/accounts/login/" in page.url
@@ -273,7 +274,7 @@ def test_calls_appear_live_and_answers_reach_the_agent(server, agent, browser, t
     _always_allow_and_revoke(page, agent)
     _keyboard(page, agent)
     _screenshot(page, agent, _screenshot_path(tmp_path))
-    assert page.dialogs == []
+    assert page.dialogs == [] and page.errors == []
 
 
 def _always_allow_and_revoke(page, agent) -> None:
@@ -349,6 +350,7 @@ def test_hostile_arguments_admin_decisions_and_a_server_restart(server, agent, b
 
     _one_session_only(page, agent)
     _restart(page, server, agent)
+    assert page.errors == []
 
 
 def _deny_in_the_admin(page, server, approval_id: str) -> None:

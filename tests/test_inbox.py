@@ -199,11 +199,14 @@ def test_page_is_not_cached_and_refuses_post(page):
 def test_static_assets_exist():
     from django.contrib.staticfiles import finders
 
-    script = finders.find("approvals/inbox.js")
-    assert script and finders.find("approvals/inbox.css")
-    source = Path(script).read_text(encoding="utf-8")
-    assert "innerHTML" not in source and "insertAdjacentHTML" not in source
-    assert "/api/inference/" not in source
+    assert finders.find("approvals/inbox.css")
+    for name in ("inbox.js", "inbox-live.js", "inbox-view.js"):
+        script = finders.find(f"approvals/{name}")
+        assert script, name
+        source = Path(script).read_text(encoding="utf-8")
+        for unsafe in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert unsafe not in source, f"{name} uses {unsafe}"
+        assert "/api/inference/" not in source
 
 
 # -- the demo agent --------------------------------------------------------
