@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -42,6 +44,9 @@ def test_inbox_renders_with_the_hosts_endpoints(alice):
     assert page.data["data-confirm-url"] == "/agent-gate/v1/tool-confirm"
     assert page.data["data-pending-url"] == "/agent-gate/v1/tool-approvals"
     assert page.data["data-websocket-url"] == "/realtime/gate/approvals/"
+    assert page.data["data-rules-url"] == "/agent-gate/v1/rules"
+    placeholder = page.data["data-rule-id-placeholder"]
+    assert page.data["data-rule-revoke-url"] == f"/agent-gate/v1/rules/{placeholder}/revoke"
     assert page.data["data-username"] == "alice@example.com"
     for key, value in page.data.items():
         for foreign in ("/api/inference", "/ws/approvals", "/admin/"):
@@ -52,9 +57,15 @@ def test_inbox_assets_are_served_from_the_installed_app(alice):
     _response, page = _page(alice)
     assets = [a for a in page.assets if a.startswith(settings.STATIC_URL) or "/static/" in a]
     assert assets, page.assets
-    for url in assets:
-        name = url.split("static/", 1)[1]
-        assert finders.find(name), f"{name} is not in any installed app's static folder"
+    names = [url.split("static/", 1)[1] for url in assets]
+    while names:
+        name = names.pop()
+        found = finders.find(name)
+        assert found, f"{name} is not in any installed app's static folder"
+        if name.endswith(".js"):  # the module's own imports are relative to it
+            folder = name.rsplit("/", 1)[0]
+            text = Path(found).read_text(encoding="utf-8")
+            names += [f"{folder}/{m}" for m in re.findall(r'from "\./([\w.-]+\.js)"', text)]
 
 
 def test_inbox_shows_history_with_the_hosts_users(alice, reviewer):
@@ -71,3 +82,11 @@ def test_anonymous_visitors_go_to_the_hosts_login_page():
     response = Client().get("/review/")
     assert response.status_code == 302
     assert response["Location"].startswith(settings.LOGIN_URL + "?next=/review/")
+
+
+def test_an_explicit_websocket_url_wins(alice):
+    from django.test import override_settings
+
+    with override_settings(APPROVALS={"INBOX_WEBSOCKET_URL": "wss://live.example.com/gate/"}):
+        _response, page = _page(alice)
+    assert page.data["data-websocket-url"] == "wss://live.example.com/gate/"
