@@ -46,6 +46,11 @@ test-services: setup
 bench: migrate
 	@TOOLGATE_QUIET=1 $(PY) bench/run_all.py
 
+# The hostile-input tests with a larger budget (CI runs about 2,000 cases).
+FUZZ_EXAMPLES ?= 5000
+fuzz: migrate
+	@TOOLGATE_QUIET=1 TOOLGATE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz.py -p no:logging $(PYTEST_ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
