@@ -11,6 +11,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import socket
+import subprocess
 import time
 
 import pytest
@@ -255,3 +258,73 @@ def test_with_redis_two_servers_and_an_agent_behave_as_one_site(scaled_servers, 
         on_b.close()
     finally:
         agent.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="needs the redis-server binary")
+def test_the_fast_path_comes_back_after_a_redis_restart(person, tmp_path):
+    """A private Redis is killed and restarted; calls and decisions are fast again at once."""
+    user, sessionid = person
+    port = _free_port()
+    redis = _redis_server(port, tmp_path)
+    env = {**_env(redis=False), "REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    server = agent = None
+    try:
+        (server,) = _start_servers(1, env, SLOW_RECHECK)
+        agent = start_agent(env, approvals=SLOW_RECHECK)
+        sock, _ = _socket(server, sessionid)
+        aid = agent.gate("s1", user_id=user.pk)
+        _next(sock, "tool_start", timeout=2, aid=aid)
+        redis.kill()
+        redis.wait(5)
+        redis = _redis_server(port, tmp_path)
+        # Within seconds, not the minute-long re-check: both sides reconnected.
+        deadline = time.monotonic() + 15
+        while True:
+            aid = agent.gate("s1", user_id=user.pk)
+            try:
+                _next(sock, "tool_start", timeout=1, aid=aid)
+                break
+            except TimeoutError:
+                assert time.monotonic() < deadline, "the layer did not come back"
+        assert _confirm(sock, aid, "allow")["resolved"] is True
+        assert agent.answer(aid, timeout=3)["answer"] == "allow"
+        sock.close()
+    finally:
+        for proc in (agent, server):
+            if proc is not None:
+                proc.stop()
+        redis.kill()
+        redis.wait(5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _redis_server(port: int, folder) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
