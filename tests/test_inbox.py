@@ -171,7 +171,8 @@ def test_history_lists_recent_decisions_of_this_user_only(page, user, django_use
         expires_at=timezone.now() + timedelta(hours=1),
     )
     html = page.get("/approvals/").content.decode()
-    assert "send_email" in html and "wrong recipient" in html and "by ada via web" in html
+    assert "send_email" in html and "wrong recipient" in html and "by you via web" in html
+    assert ">Denied</span>" in html
     assert "secret_tool" not in html
     assert "pending_tool" not in html
 
