@@ -63,3 +63,15 @@ def test_in_memory_layer_without_debug_is_warned_about():
 def test_no_errors_from_the_host_configuration():
     errors = [m for m in checks.run_checks(databases=["default"]) if m.level >= checks.ERROR]
     assert errors == []
+
+
+@pytest.mark.django_db
+@override_settings(DEBUG=True, CHANNEL_LAYERS={})
+def test_a_host_without_a_channel_layer_is_told_so():
+    assert _app_messages() == {"approvals.W002", "approvals.W003", "approvals.W004"}
+
+
+@pytest.mark.django_db
+@override_settings(APPROVALS={"DECISION_TIMEOUT": 60, "NO_SUCH_KEY": 1})
+def test_a_typo_in_a_host_setting_is_an_error():
+    assert "approvals.E001" in _app_messages()
