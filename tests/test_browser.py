@@ -8,18 +8,15 @@ second), with Redis at once.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
-import socket
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+from approvals.gate import denial_message
+from tests import procs
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,128 +33,45 @@ pytestmark = [
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs Playwright for Python")
 expect = sync_api.expect
 
-# The agent: reads {"tool", "arguments", "session_id", "approval_id"} lines, gates each
-# through the public API in its own thread, prints what the waiter got back.
-AGENT = r"""
-import json, sys, threading, django
-django.setup()
-from django.contrib.auth import get_user_model
-from approvals import gate
-user = get_user_model().objects.get(username=sys.argv[1])
-lock = threading.Lock()
-def say(**kw):
-    with lock:
-        print(json.dumps(kw), flush=True)
-def run(call):
-    aid = call["approval_id"]
-    slot = gate.begin_tool_decision(call["session_id"], aid, tool_name=call["tool"],
-        arguments=call["arguments"], user=user, tool_call_id="call-" + aid[:6])
-    say(event="begun", approval_id=aid)
-    answer = gate.wait_tool_decision(slot, aid)
-    message = gate.denial_message(aid) if answer == "deny" else ""
-    say(event="answer", approval_id=aid, answer=answer, message=message)
-say(event="ready")
-for line in sys.stdin:
-    threading.Thread(target=run, args=(json.loads(line),)).start()
-"""
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"daphne did not listen on {port} within {seconds} s")
-
-
-class Server:
-    """``daphne toolgate_site.asgi:application`` on a free port, restartable on that port."""
+class Site:
+    """The site under daphne (tests/procs.py), restartable on the same port."""
 
     def __init__(self, env: dict) -> None:
         self.env = {**env, "DJANGO_DEBUG": "1"}  # DEBUG serves the page's static files
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, wait: bool = True) -> None:
-        cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
-        self.proc = subprocess.Popen(
-            [*cmd, "-v", "0", "toolgate_site.asgi:application"], cwd=ROOT, env=self.env
-        )
-        if wait:
-            self.wait()
+        self.server = procs.start_daphne(self.env)
+        self.url = self.server.url
 
     def wait(self) -> None:
-        _wait_for_port(self.port, self.proc)
+        procs.wait_ready(self.server)
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        self.server.proc.kill()
+        self.server.proc.wait(10)
+
+    def start(self) -> None:
+        self.server = procs.wait_ready(procs.start_daphne(self.env, self.server.port))
+
+    def stop(self) -> None:
+        procs.stop_process(self.server.proc)
 
 
-class Agent:
-    """An agent process; :meth:`gate` asks, :meth:`answer` is what its waiter got."""
+class AgentProcess:
+    """An agent in its own process; :meth:`answer` is what its waiter got back."""
 
-    def __init__(self, env: dict, username: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", AGENT, username],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue = queue.Queue()
-        self.answers: dict[str, dict] = {}
-        threading.Thread(target=self._read, daemon=True).start()
-        self.ready = False
-        self.count = 0
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-
-    def _next(self, event: str, approval_id: str | None = None, timeout: float = 10) -> dict:
-        if approval_id in self.answers:
-            return self.answers.pop(approval_id)
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            if msg["event"] == event and approval_id in (None, msg.get("approval_id")):
-                return msg
-            if msg["event"] == "answer":
-                self.answers[msg["approval_id"]] = msg
+    def __init__(self, env: dict, user_id: int) -> None:
+        self.agent = procs.start_agent(env)
+        self.user_id = user_id
 
     def gate(self, tool: str, arguments: dict, session_id: str = "run-1") -> str:
-        if not self.ready:
-            self.ready = bool(self._next("ready", timeout=30))
-        self.count += 1
-        approval_id = f"browser-{self.count}-{os.urandom(6).hex()}"
-        call = {"tool": tool, "arguments": arguments, "session_id": session_id}
-        self.proc.stdin.write(json.dumps({**call, "approval_id": approval_id}) + "\n")
-        self.proc.stdin.flush()
-        self._next("begun", approval_id)
-        return approval_id
+        return self.agent.gate(
+            session_id, user_id=self.user_id, tool_name=tool, arguments=arguments
+        )
 
     def answer(self, approval_id: str, timeout: float = 10) -> tuple[str, str]:
-        msg = self._next("answer", approval_id, timeout)
-        return msg["answer"], msg["message"]
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
+        """The waiter's answer, and on deny what the model would be told."""
+        answer = self.agent.answer(approval_id, timeout)["answer"]
+        return answer, denial_message(approval_id) if answer == "deny" else ""
 
 
 @pytest.fixture
@@ -173,17 +87,16 @@ def user(transactional_db, django_user_model, monkeypatch):
 
 @pytest.fixture
 def server(child_env, user):
-    srv = Server(child_env)
-    srv.start(wait=False)  # starts beside the agent; waited for at sign-in
-    yield srv
-    srv.kill()
+    site = Site(child_env)  # starts beside the agent; waited for at sign-in
+    yield site
+    site.stop()
 
 
 @pytest.fixture
 def agent(child_env, user):
-    proc = Agent(child_env, user.username)
+    proc = AgentProcess(child_env, user.pk)
     yield proc
-    proc.close()
+    proc.agent.stop()
 
 
 @pytest.fixture(scope="module")
