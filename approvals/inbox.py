@@ -100,6 +100,9 @@ def inbox(request: HttpRequest) -> HttpResponse:
     session_id = _session_filter(request)
     context = {
         "session_id": session_id,
+        # Given here, so the page works without the "request" context processor.
+        "viewer": request.user,
+        "page_path": request.path,
         "websocket_url": setting("INBOX_WEBSOCKET_URL"),
         "history": recent_decisions(request.user, session_id),
         "login_url": resolve_url(settings.LOGIN_URL),

@@ -284,3 +284,13 @@ def test_a_websocket_on_another_origin_is_allowed_by_the_page_policy(page, setti
         policy = response["Content-Security-Policy"]
         assert "connect-src 'self' wss://live.example.com:8443;" in policy
         assert "script-src 'self';" in policy
+
+
+def test_page_needs_no_request_context_processor(page, settings):
+    engine = settings.TEMPLATES[0]
+    processors = [p for p in engine["OPTIONS"]["context_processors"] if not p.endswith(".request")]
+    templates = [{**engine, "OPTIONS": {**engine["OPTIONS"], "context_processors": processors}}]
+    with override_settings(TEMPLATES=templates):
+        html = page.get("/approvals/", {"session_id": "s9"}).content.decode()
+    assert _data(html, "username") == "ada"
+    assert '<a href="/approvals/">Show all sessions</a>' in html
