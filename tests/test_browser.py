@@ -320,9 +320,10 @@ def _restart(page, server, agent) -> None:
     expect(page.locator("#history-list .entry").first).to_contain_text("by you via web")
 
     blocked[0] = False
-    retry = page.get_by_role("button", name="Reconnect now")
-    if retry.is_visible():  # else a scheduled retry is already under way
-        retry.click()
+    # An attempt in flight ends offline (it was refused) or live; offline: retry now.
+    page.wait_for_function("document.getElementById('conn').dataset.state !== 'connecting'")
+    if page.locator("#conn").get_attribute("data-state") == "offline":
+        page.get_by_role("button", name="Reconnect now").click()
     expect(page.locator("#conn")).to_have_attribute("data-state", "live")
     expect(_card(page, kept)).to_be_visible()
     expect(page.locator("#pending-count")).to_have_text("1")
