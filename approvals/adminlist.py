@@ -25,6 +25,8 @@ from .models import Approval, Status
 #: The tool filter offers the tool names of this many latest calls (a bounded query).
 TOOL_SAMPLE = 5000
 DATE_FIELD = "created_at"
+#: Up to this many rows in the list, the date hierarchy reads their dates instead of probing.
+SMALL_LIST = 1000
 
 
 class AwaitingFilter(admin.SimpleListFilter):
@@ -128,17 +130,32 @@ class _Levels:
     def __init__(self, cl: Any) -> None:
         self.cl = cl
         self.qs = cl.queryset.order_by()
+        # A short list (a search, the pending calls) is cheaper to read than to probe.
+        self.dates: list[datetime] | None = None
+        if getattr(cl, "result_count", SMALL_LIST + 1) <= SMALL_LIST:
+            self.dates = list(self.qs.values_list(DATE_FIELD, flat=True))
+
+    def present(self, starts: list[datetime], kind: str) -> list[datetime]:
+        if self.dates is None:
+            return _present(self.qs, starts, kind)
+        return [s for s in starts if any(s <= d < _next(s, kind) for d in self.dates)]
+
+    def bounds(self) -> tuple[datetime | None, datetime | None]:
+        if self.dates is not None:
+            return (min(self.dates), max(self.dates)) if self.dates else (None, None)
+        dates = self.qs.values_list(DATE_FIELD, flat=True)
+        return dates.order_by(DATE_FIELD).first(), dates.order_by(f"-{DATE_FIELD}").first()
 
     def link(self, filters: dict) -> str:
         return self.cl.get_query_string(filters, [f"{DATE_FIELD}__"])
 
     def years(self, first: int, last: int) -> dict:
-        years = _present(self.qs, [_start(y) for y in range(first, last + 1)], "year")
+        years = self.present([_start(y) for y in range(first, last + 1)], "year")
         choices = [{"link": self.link({self.Y: str(y.year)}), "title": str(y.year)} for y in years]
         return {"show": True, "back": None, "choices": choices}
 
     def months(self, year: int) -> dict:
-        months = _present(self.qs, [_start(year, m) for m in range(1, 13)], "month")
+        months = self.present([_start(year, m) for m in range(1, 13)], "month")
         return {
             "show": True,
             "back": {"link": self.link({}), "title": _("All dates")},
@@ -153,7 +170,7 @@ class _Levels:
 
     def days(self, first_day: datetime) -> dict:
         length = (_next(first_day, "month") - first_day).days
-        days = _present(self.qs, [first_day + timedelta(days=d) for d in range(length)], "day")
+        days = self.present([first_day + timedelta(days=d) for d in range(length)], "day")
         year, month = first_day.year, first_day.month
         return {
             "show": True,
@@ -196,9 +213,7 @@ def _levels(cl: Any) -> dict:
     levels = _Levels(cl)
     year, month, day = (_int(cl.params.get(k)) for k in (levels.Y, levels.M, levels.D))
     if year is None:
-        dates = levels.qs.values_list(DATE_FIELD, flat=True)
-        first = dates.order_by(DATE_FIELD).first()
-        last = dates.order_by(f"-{DATE_FIELD}").first()
+        first, last = levels.bounds()
         if first is None or last is None:
             return {"show": False}
         if settings.USE_TZ:
