@@ -157,7 +157,9 @@ def _recv_until(sock, kind: str, aid: str, timeout: float = 5.0) -> float:
             return time.monotonic()
 
 
-def decide_latency(site: Site, trials: int, over: str) -> tuple[list[float], list[float]]:
+def decide_latency(
+    site: Site, trials: int, over: str, replies: list[float] | None = None
+) -> tuple[list[float], list[float]]:
     """Decision on A -> agent wakes; and, on the way, gate -> tool_start on B."""
     from tests.procs import HttpClient
 
@@ -176,6 +178,7 @@ def decide_latency(site: Site, trials: int, over: str) -> tuple[list[float], lis
                     "/api/inference/tool-confirm", {"approval_id": aid, "decision": "allow"}
                 )
                 assert status == 200 and body["resolved"], body
+                replied = time.monotonic()
             else:
                 on_a.send(
                     json.dumps({"type": "tool_confirm", "approval_id": aid, "decision": "allow"})
@@ -183,6 +186,8 @@ def decide_latency(site: Site, trials: int, over: str) -> tuple[list[float], lis
             woke = site.agent.answer(aid)["t"]
             if i >= 3:  # the first calls warm connections and caches
                 wakes.append(woke - sent)
+                if http is not None and replies is not None:
+                    replies.append(replied - sent)
                 starts.append(seen_on_b - gated["t0"])
     finally:
         on_b.close()
@@ -273,13 +278,15 @@ def main() -> None:
     trials = 40 if args.quick else 200
     started = time.monotonic()
     with Site(db, redis) as site:
-        http_wakes, starts = decide_latency(site, trials, "http")
+        replies: list[float] = []
+        http_wakes, starts = decide_latency(site, trials, "http", replies)
         ws_wakes, more_starts = decide_latency(site, trials, "websocket")
         fan, connect_seconds = fan_out(site, args.clients, 2 if args.quick else 5)
     starts += more_starts
     p = dict(
         http50=percentile(http_wakes, 50) * MS,
         http99=percentile(http_wakes, 99) * MS,
+        reply50=percentile(replies, 50) * MS,
         ws50=percentile(ws_wakes, 50) * MS,
         ws99=percentile(ws_wakes, 99) * MS,
         start50=percentile(starts, 50) * MS,
@@ -293,6 +300,7 @@ def main() -> None:
         "post_wake_p99": figure(
             p["http99"], "ms", "POST on A -> agent wakes, p99", "<= 30 ms", p["http99"] <= 30
         ),
+        "post_reply_p50": figure(p["reply50"], "ms", "POST on A -> its 200 response, p50"),
         "ws_wake_p50": figure(p["ws50"], "ms", "tool_confirm on A -> agent wakes, p50"),
         "ws_wake_p99": figure(p["ws99"], "ms", "tool_confirm on A -> agent wakes, p99"),
         "start_p50": figure(p["start50"], "ms", "gate -> tool_start on B, p50"),
