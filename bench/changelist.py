@@ -4,7 +4,7 @@ Run: ``python bench/changelist.py`` (``--rows N`` for another size, ``--runs``
 for more or fewer timed renders, ``--db PATH`` to keep the database elsewhere).
 The database is a SQLite file in the temp directory, named by its row count and
 reused on the next run (``--fresh`` rebuilds it). Rows are written with raw
-``executemany`` (about 30 s for a million); 0.1 % are pending, spread over two
+``executemany`` (about a minute for a million); 0.1 % are pending, spread over two
 years, 50 users, 40 tools, 20,000 sessions.
 
 Each scenario renders the full changelist page through Django's test client
