@@ -90,3 +90,14 @@ def test_an_explicit_websocket_url_wins(alice):
     with override_settings(APPROVALS={"INBOX_WEBSOCKET_URL": "wss://live.example.com/gate/"}):
         _response, page = _page(alice)
     assert page.data["data-websocket-url"] == "wss://live.example.com/gate/"
+
+
+def test_the_shipped_scripts_hard_code_no_site_prefix():
+    import approvals
+
+    scripts = list((Path(approvals.__file__).parent / "static").rglob("*.js"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text(encoding="utf-8")
+        for prefix in ("/api/inference", "/admin/"):
+            assert prefix not in text, f"{script.name} names {prefix}"
