@@ -31,6 +31,8 @@ def test_the_installed_package_ships_templates_static_migrations_and_types():
     assert (PACKAGE / "migrations" / "0001_initial.py").is_file()
     assert any((PACKAGE / "templates" / "approvals").rglob("*.html"))
     assert any((PACKAGE / "static" / "approvals").rglob("*.js"))
+    assert any((PACKAGE / "templates" / "admin").rglob("*.html"))
+    assert (PACKAGE / "openapi.json").is_file()
 
 
 def test_host_uses_its_own_user_model_and_no_approvals_setting(django_user_model):
