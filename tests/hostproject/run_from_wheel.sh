@@ -26,6 +26,8 @@ step() { echo "--- $* ($(( $(date +%s) - started ))s)"; }
 # pip's notes about this machine's optional local indexes are noise here.
 pipq() { "$@" --quiet --disable-pip-version-check 2> >(grep -v '^WARNING: Location' >&2); }
 
+# `python -m build` makes the sdist first and the wheel from it, so a file the sdist
+# forgets fails here too.
 step "build wheel and sdist with $("$PYTHON" --version)"
 "$PYTHON" -m venv "$WORK/build-env"
 pipq "$WORK/build-env/bin/python" -m pip install "build>=1.2" "hatchling>=1.25"
