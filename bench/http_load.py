@@ -1,0 +1,229 @@
+"""Decisions per second through HTTP against one daphne process, 50 concurrent clients.
+
+Run: ``python bench/http_load.py`` (``--quick``, ``--clients N``, ``--calls N``,
+``--redis URL`` to add the scaled run). One daphne process serves the site on
+a temporary SQLite database; this process is the agent: it gates every call
+first (async waiters, one event loop), then 50 client threads, each on its own
+keep-alive connection with a signed-in session and CSRF token, POST
+``/api/inference/tool-confirm`` as fast as the server answers.
+
+Reported: decisions per second (all answered 200), the HTTP round trip
+p50/p99, and the wake latency p50/p99: POST sent -> the agent's waiter returns
+in this process. Without Redis a decision made in daphne reaches another
+process through the database re-check (``RECHECK_INTERVAL``, 1 s), so the wake
+figures show that interval; with ``--redis`` (or ``REDIS_URL``) they show the
+channel-layer fast path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    ROOT,
+    child_env,
+    cpu_of,
+    figure,
+    percentile,
+    remove_sqlite,
+    report,
+    rss_of,
+    setup_django,
+)
+
+sys.path.insert(0, str(ROOT))
+MS = 1000.0
+
+
+class Agent:
+    """Async waiters for many gated calls in one loop thread; records when each wakes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.woke: dict[str, tuple[float, str]] = {}
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def gate(self, n: int, user) -> list[str]:
+        from approvals import gate
+
+        aids = []
+        for i in range(n):
+            aid = gate.new_approval_id()
+            slot = gate.begin_tool_decision(f"load-{i % 20}", aid, user=user, tool_name="shell")
+            asyncio.run_coroutine_threadsafe(self._wait(slot, aid), self.loop)
+            aids.append(aid)
+        return aids
+
+    async def _wait(self, slot, aid: str) -> None:
+        from approvals import gate
+
+        answer = await gate.await_tool_decision(slot, aid)
+        self.woke[aid] = (time.monotonic(), answer)
+
+
+def drive(server, sessionid: str, aids: list[str], clients: int) -> tuple[dict, list, float]:
+    """POST a decision for every id from ``clients`` threads; return send times, RTTs, seconds."""
+    from tests.procs import HttpClient
+
+    work: queue.Queue = queue.Queue()
+    for aid in aids:
+        work.put(aid)
+    sent: dict[str, float] = {}
+    rtts: list[float] = []
+    failures: list = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        http = HttpClient(server, sessionid)
+        try:
+            while True:
+                try:
+                    aid = work.get_nowait()
+                except queue.Empty:
+                    return
+                t0 = time.monotonic()
+                status, body = http.post_json(
+                    "/api/inference/tool-confirm", {"approval_id": aid, "decision": "allow"}
+                )
+                t1 = time.monotonic()
+                with lock:
+                    sent[aid] = t0
+                    rtts.append(t1 - t0)
+                    if status != 200:
+                        failures.append((status, body))
+        finally:
+            http.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} decisions failed, e.g. {failures[:3]}")
+    return sent, rtts, time.monotonic() - start
+
+
+def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dict:
+    """One server, one agent, ``calls`` decisions; the figures for this mode."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from tests.procs import start_daphne, wait_ready
+
+    user = get_user_model().objects.create_user(f"load-{label}-{os.getpid()}")
+    web = Client()
+    web.force_login(user)
+    env = child_env(os.environ["DATABASE_URL"])
+    env.pop("REDIS_URL", None)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    server = wait_ready(start_daphne(env))
+    try:
+        agent = Agent()
+        aids = agent.gate(calls, user)
+        time.sleep(1.0)
+        rss0, cpu0 = rss_of(server.proc.pid), cpu_of(server.proc.pid)
+        sent, rtts, seconds = drive(server, web.cookies["sessionid"].value, aids, clients)
+        server_cpu = cpu_of(server.proc.pid) - cpu0
+        deadline = time.monotonic() + 10
+        while len(agent.woke) < len(aids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rss1 = rss_of(server.proc.pid)
+    finally:
+        server.stop()
+    wakes = [agent.woke[a][0] - sent[a] for a in aids if a in agent.woke]
+    return {
+        "rate": len(aids) / seconds,
+        "rtt": rtts,
+        "wake": wakes,
+        "lost": len(aids) - len(wakes) + sum(agent.woke[a][1] != "allow" for a in agent.woke),
+        "rss_growth": rss1 - rss0,
+        "server_cpu_ms": server_cpu / len(aids) * MS,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--calls", type=int, default=None, help="decisions (default 3000)")
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL"), help="add a Redis run")
+    opts = parser.parse_args()
+    calls = opts.calls or (600 if opts.quick else 3000)
+    os.environ.pop("REDIS_URL", None)  # this process: the embedded default first
+    os.environ.setdefault("TOOLGATE_GROUP_PREFIX", f"bench{os.getpid()}")
+    database_url = setup_django()
+    try:
+        figures: dict = {}
+        modes = [("sqlite", None)] + ([("redis", opts.redis)] if opts.redis else [])
+        for label, redis_url in modes:
+            if redis_url:
+                _switch_to_redis(redis_url)
+            r = run_mode(label, redis_url, calls, opts.clients)
+            where = "SQLite, no Redis" if not redis_url else "SQLite + Redis"
+            figures.update(
+                {
+                    f"{label}_decisions_per_s": figure(r["rate"], "/s", f"decisions/s ({where})"),
+                    f"{label}_rtt_p50_ms": figure(
+                        percentile(r["rtt"], 50) * MS, "ms", f"HTTP round trip p50 ({where})"
+                    ),
+                    f"{label}_rtt_p99_ms": figure(
+                        percentile(r["rtt"], 99) * MS, "ms", f"HTTP round trip p99 ({where})"
+                    ),
+                    f"{label}_wake_p50_ms": figure(
+                        percentile(r["wake"], 50) * MS, "ms", f"wake p50, POST -> agent ({where})"
+                    ),
+                    f"{label}_wake_p99_ms": figure(
+                        percentile(r["wake"], 99) * MS, "ms", f"wake p99, POST -> agent ({where})"
+                    ),
+                    f"{label}_lost": figure(r["lost"], "", f"decisions lost ({where})", "= 0"),
+                    f"{label}_server_cpu_ms": figure(
+                        r["server_cpu_ms"], "ms", f"daphne CPU per decision ({where})"
+                    ),
+                    f"{label}_server_rss_growth_mib": figure(
+                        r["rss_growth"], "MiB", f"daphne RSS growth over the run ({where})"
+                    ),
+                }
+            )
+            figures[f"{label}_lost"]["met"] = r["lost"] == 0
+        notes = [
+            f"{calls} calls gated in this process, then decided by {opts.clients} concurrent "
+            "keep-alive HTTP clients against one daphne process",
+        ]
+        if not opts.redis:
+            notes.append("no Redis given (--redis or REDIS_URL): only the embedded run")
+        report("http load", figures, notes)
+    finally:
+        remove_sqlite(database_url)
+
+
+def _switch_to_redis(url: str) -> None:
+    """Point this process's channel layer (and so its listener) at Redis."""
+    from channels.layers import channel_layers
+    from django.conf import settings
+
+    from approvals import listener
+
+    listener.shutdown()
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url], "capacity": 1000, "expiry": 30},
+        }
+    }
+    channel_layers.backends.clear()
+
+
+if __name__ == "__main__":
+    main()
