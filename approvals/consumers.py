@@ -86,7 +86,7 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         """True when this connection should carry ``event``."""
         if event.get("type") not in CLIENT_EVENTS:
             return False
-        if not self.sees_all and event.get("_user_id") != self.user.pk:
+        if not self.sees_all and not _same_user(event.get("_user_id"), self.user.pk):
             return False
         return self.session_filter is None or event.get("session_id") == self.session_filter
 
@@ -157,6 +157,11 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
 
     async def _error(self, code: str, detail: str) -> None:
         await self.send_json({"type": "error", "error": code, "detail": detail})
+
+
+def _same_user(event_user: Any, pk: Any) -> bool:
+    # Events from other processes carry a non-int primary key (a UUID) as a string.
+    return event_user is not None and (event_user == pk or str(event_user) == str(pk))
 
 
 def _session_filter(scope: dict) -> str | None:

@@ -170,7 +170,7 @@ class Listener:
         """Deliver locally, then send to the other processes (never blocks the caller)."""
         self.deliver(event)
         if self._link is not None:
-            self._link.send({"type": "approvals.event", "origin": self.key, "event": event})
+            self._link.send({"type": "approvals.event", "origin": self.key, "event": _wire(event)})
 
     def _on_layer_message(self, message: dict) -> None:
         if message.get("origin") == self.key:
@@ -240,6 +240,15 @@ class Listener:
         if not n:
             self._lease_written = False
             self.ensure_lease()
+
+
+def _wire(event: dict) -> dict:
+    """The event as the layer can encode it: a user's primary key that is not an int
+    or a string (a UUID, say) travels as its string; consumers compare as strings."""
+    user_id = event.get("_user_id")
+    if user_id is None or isinstance(user_id, int | str):
+        return event
+    return {**event, "_user_id": str(user_id)}
 
 
 def _decided_among(approval_ids: list[str]) -> list[dict]:

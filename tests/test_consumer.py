@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -446,5 +447,38 @@ def test_many_sockets_all_get_each_event_once(users):
         for comm in socks:
             assert await comm.receive_nothing(timeout=0.05)
             await comm.disconnect()
+
+    run(scenario())
+
+
+def test_events_from_other_processes_may_carry_the_user_as_a_string(users):
+    """A UUID primary key cannot travel through the layer as is: it is sent as a string."""
+    from approvals.listener import _wire
+
+    key = uuid.uuid4()
+    wired = _wire({"type": "tool_start", "approval_id": "x", "_user_id": key})
+    assert json.loads(json.dumps(wired))["_user_id"] == str(key)
+    alice, cookie = users["alice"]
+    _, bob_cookie = users["bob"]
+
+    async def scenario():
+        mine, other = await ws(cookie), await ws(bob_cookie)
+        await snapshot_of(mine)
+        await snapshot_of(other)
+        event = {
+            "type": "tool_decision",
+            "approval_id": "remote-1",
+            "session_id": "s1",
+            "status": "denied",
+            "decided_via": "api",
+            "decided_by": None,
+            "reason": "",
+            "_user_id": str(alice.pk),
+        }
+        get_listener().deliver(event)
+        assert (await next_of(mine, "tool_decision"))["approval_id"] == "remote-1"
+        assert await other.receive_nothing(timeout=0.2)
+        await mine.disconnect()
+        await other.disconnect()
 
     run(scenario())
