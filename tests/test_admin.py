@@ -302,3 +302,17 @@ def test_select_across_confirms_only_pending_calls_and_caps_the_batch(decider, m
     assert r.context["over_batch"] is True
     assert r.context["skipped"] == 1
     assert "Only the oldest 2 pending calls are included" in r.content.decode()
+
+
+@pytest.mark.django_db
+def test_process_leases_are_listed_read_only(superuser):
+    from approvals.models import ProcessLease
+
+    _, client = superuser
+    lease = ProcessLease.objects.create(key="k1", hostname="web-1", pid=42)
+    r = client.get(reverse("admin:approvals_processlease_changelist"))
+    assert r.status_code == 200 and "web-1" in r.content.decode()
+    assert client.get(reverse("admin:approvals_processlease_add")).status_code == 403
+    delete = reverse("admin:approvals_processlease_delete", args=[lease.pk])
+    assert client.post(delete, {"post": "yes"}).status_code == 403
+    assert ProcessLease.objects.filter(pk=lease.pk).exists()
