@@ -149,26 +149,43 @@ def test_the_hosts_own_routes_still_work():
     _run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason=(
-        "known bug: events carry the raw UUID primary key in _user_id; channels_redis "
-        "(msgpack), like JSON, cannot encode it, so with Redis every event of such a host "
-        "falls back to the database re-check"
-    ),
-)
-def test_events_of_a_uuid_user_can_cross_processes(alice):
+def test_an_event_from_another_process_reaches_only_its_uuid_users_socket(alice, bob):
     import json
+    from datetime import timedelta
+
+    from django.utils import timezone
 
     from approvals import events
+    from approvals.listener import get_listener
 
+    # Over Redis a UUID primary key travels as its string (msgpack has no UUID type).
+    now = timezone.now()
     aid = gate.new_approval_id()
-    slot = gate.begin_tool_decision("wire-run", aid, tool_name="shell", user=alice)
-    row = Approval.objects.get(approval_id=aid)
-    try:
-        json.dumps(events.tool_start(row))
-        decided = {"approval_id": aid, "session_id": "wire-run", "user_id": row.user_id}
-        json.dumps(events.tool_decision(decided, "denied", "api", None, ""))
-    finally:
-        gate.abort_tool_decision(slot, aid)
+    remote = events.tool_start(
+        {
+            "approval_id": aid,
+            "session_id": "remote-run",
+            "tool_name": "shell",
+            "tool_call_id": "",
+            "arguments": {},
+            "created_at": now,
+            "expires_at": now + timedelta(minutes=5),
+            "status": "pending",
+            "user_id": str(alice.pk),
+        }
+    )
+    json.dumps(remote)
+    sockets = [_connect(alice), _connect(bob)]
+
+    async def scenario():
+        for communicator in sockets:
+            assert (await communicator.connect())[0]
+            assert (await communicator.receive_json_from(5))["type"] == "snapshot"
+        get_listener().deliver(remote)
+        start = await sockets[0].receive_json_from(5)
+        assert (start["type"], start["approval_id"]) == ("tool_start", aid)
+        assert await sockets[1].receive_nothing(0.5)
+        for communicator in sockets:
+            await communicator.disconnect()
+
+    _run(scenario())
