@@ -66,9 +66,10 @@ for n in names:
     if n.endswith((".pyc", ".sqlite3")) or "__pycache__" in n:
         problems.append(f"wheel ships {n}")
 members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
-for forbidden in ("toolgate_site/", "tests/", "bench/", "docs/", "manage.py"):
-    if any(m.startswith(forbidden) for m in members):
-        problems.append(f"sdist ships {forbidden}")
+top_level = {"approvals", "README.md", "pyproject.toml", "PKG-INFO", ".gitignore", "LICENSE"}
+for m in members:
+    if m.split("/", 1)[0] not in top_level:
+        problems.append(f"sdist ships {m}")
 for needed in ("pyproject.toml", "approvals/__init__.py", "approvals/py.typed"):
     if needed not in members:
         problems.append(f"sdist lacks {needed}")
