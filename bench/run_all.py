@@ -20,6 +20,7 @@ import os
 import platform
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -77,11 +78,33 @@ def arguments(script: Path, quick: bool) -> list[str]:
     return out
 
 
-def run_one(script: Path, args: list[str], timeout: float) -> dict:
+def services() -> dict[str, str]:
+    """PostgreSQL and Redis for the benchmarks that need them: from the environment
+    (``TOOLGATE_TEST_DATABASE_URL``, ``TOOLGATE_TEST_REDIS_URL``, as for the test suite),
+    else the local defaults ``.ci/run`` uses when something listens there."""
+    found = {}
+    for var, default, port in (
+        ("TOOLGATE_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test", 5432),
+        ("TOOLGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0", 6379),
+    ):
+        value = os.environ.get(var)
+        if not value:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                value = default
+            except OSError:
+                continue
+        found[var] = value
+    return found
+
+
+def run_one(script: Path, args: list[str], timeout: float, extra_env: dict) -> dict:
     """Run one script; return its parsed report (or what went wrong)."""
     cmd = [sys.executable, str(script), *args]
     print(f"\n### {script.name} {' '.join(args)}", flush=True)
-    env = {**os.environ, "TOOLGATE_QUIET": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **extra_env, "TOOLGATE_QUIET": "1", "PYTHONUNBUFFERED": "1"}
+    # A group prefix of its own, so a run never talks to other deployments on a shared Redis.
+    env.setdefault("TOOLGATE_GROUP_PREFIX", f"bench{os.getpid()}")
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
@@ -241,8 +264,13 @@ def main() -> int:
         command = " ".join(["python bench/run_all.py", *map(shlex.quote, extra)])
     results = []
     t0 = time.monotonic()
+    extra_env = services()
+    print("services: " + (", ".join(f"{k}={v}" for k, v in extra_env.items()) or "none found"))
     for script in discover(opts.only):
-        results.append(run_one(script, arguments(script, opts.quick), opts.timeout))
+        args = arguments(script, opts.quick)
+        if script.stem == "http_load" and "TOOLGATE_TEST_REDIS_URL" in extra_env:
+            args += ["--redis", extra_env["TOOLGATE_TEST_REDIS_URL"]]
+        results.append(run_one(script, args, opts.timeout, extra_env))
     info = machine()
     table = render(results, info, command)
     print("\n" + table)
