@@ -59,7 +59,11 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         # between is then in the snapshot, in the queue, or both; never neither.
         (await _hub_for_running_loop()).queues.add(self.queue)
         await self.accept()
-        pending = await database_sync_to_async(self._snapshot)()
+        try:
+            pending = await database_sync_to_async(self._snapshot)()
+        except BaseException:
+            _leave(self.queue)  # a socket that never got its snapshot must not linger
+            raise
         self.known.update(item["approval_id"] for item in pending)
         await self.send_json({"type": "snapshot", "pending": pending})
         self.sender = asyncio.create_task(self._send_events())
