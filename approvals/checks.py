@@ -53,7 +53,7 @@ def check_channel_layer(app_configs: Any = None, **kwargs: Any) -> list:
     return []
 
 
-@register(Tags.database)
+@register(Tags.compatibility)
 def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list:
     problems = []
     for alias, db in settings.DATABASES.items():
