@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("approvals.listener")
+_GROUP_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 
 #: Seconds between renewals of the group membership (cheap: one ZADD).
 GROUP_REFRESH = 10.0
@@ -34,6 +36,13 @@ class LayerLink:
     """Sends events to, and receives events from, the other processes' listeners."""
 
     def __init__(self, layer: Any, group: str, on_message: Callable[[dict], None]) -> None:
+        if not _GROUP_NAME.fullmatch(group) or len(group) >= 100:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"The channel-layer group {group!r} is not valid: APPROVALS['GROUP_PREFIX'] "
+                "may hold only letters, digits, '.', '_' and '-', at most 90 characters."
+            )
         self.layer = layer
         self.group = group
         self.on_message = on_message
@@ -128,7 +137,7 @@ class LayerLink:
             loop.close()
 
     async def _join(self) -> str:
-        channel = self.channel or await self.layer.new_channel(f"{self.group}.listener")
+        channel = self.channel or await self.layer.new_channel("toolgate")
         await self.layer.group_add(self.group, channel)
         self.channel = channel
         self._joined.set()

@@ -348,8 +348,9 @@ def get_listener() -> Listener:
         return current
     with _create_lock:
         if _listener is None or _listener.pid != os.getpid():
-            _listener = Listener()
-            _listener.start()
+            fresh = Listener()
+            fresh.start()  # may refuse a bad configuration: then nothing half-started stays
+            _listener = fresh
         return _listener
 
 

@@ -328,3 +328,14 @@ def _redis_server(port: int, folder) -> subprocess.Popen:
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError("redis-server did not start")
+
+
+def test_a_bad_group_prefix_is_refused_clearly():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from approvals.layerlink import LayerLink
+
+    for bad in ("has space", "a:b", "x" * 95):
+        with pytest.raises(ImproperlyConfigured, match="GROUP_PREFIX"):
+            LayerLink(object(), f"{bad}.events", lambda m: None)
+    LayerLink(object(), "approvals.events", lambda m: None)  # the default is fine
