@@ -179,10 +179,14 @@ def decide_latency(
                 )
                 assert status == 200 and body["resolved"], body
                 replied = time.monotonic()
-            else:
+            elif on_a is not None:
                 on_a.send(
                     json.dumps({"type": "tool_confirm", "approval_id": aid, "decision": "allow"})
                 )
+            else:  # the Python API in this process: the transport alone, no web request
+                from approvals.gate import resolve_tool_decision
+
+                assert resolve_tool_decision(aid, "allow")
             woke = site.agent.answer(aid)["t"]
             if i >= 3:  # the first calls warm connections and caches
                 wakes.append(woke - sent)
@@ -283,12 +287,15 @@ def main() -> None:
         replies: list[float] = []
         http_wakes, starts = decide_latency(site, trials, "http", replies)
         ws_wakes, more_starts = decide_latency(site, trials, "websocket")
+        api_wakes, _ = decide_latency(site, trials, "python")
         fan, connect_seconds = fan_out(site, args.clients, 2 if args.quick else 5)
     starts += more_starts
     p = dict(
         http50=percentile(http_wakes, 50) * MS,
         http99=percentile(http_wakes, 99) * MS,
         reply50=percentile(replies, 50) * MS,
+        api50=percentile(api_wakes, 50) * MS,
+        api99=percentile(api_wakes, 99) * MS,
         ws50=percentile(ws_wakes, 50) * MS,
         ws99=percentile(ws_wakes, 99) * MS,
         start50=percentile(starts, 50) * MS,
@@ -305,6 +312,12 @@ def main() -> None:
         "post_reply_p50": figure(p["reply50"], "ms", "POST on A -> its 200 response, p50"),
         "ws_wake_p50": figure(p["ws50"], "ms", "tool_confirm on A -> agent wakes, p50"),
         "ws_wake_p99": figure(p["ws99"], "ms", "tool_confirm on A -> agent wakes, p99"),
+        "api_wake_p50": figure(
+            p["api50"], "ms", "resolve_tool_decision in another process -> agent wakes, p50"
+        ),
+        "api_wake_p99": figure(
+            p["api99"], "ms", "resolve_tool_decision in another process -> agent wakes, p99"
+        ),
         "start_p50": figure(p["start50"], "ms", "gate -> tool_start on B, p50"),
         "start_p99": figure(
             p["start99"], "ms", "gate -> tool_start on B, p99", "<= 30 ms", p["start99"] <= 30
@@ -315,7 +328,8 @@ def main() -> None:
         "fanout_connect": figure(connect_seconds, "s", f"connecting {args.clients} sockets"),
     }
     notes = [
-        f"{trials} decisions each way; fan-out rounds {[round(x * MS, 1) for x in fan]} ms",
+        f"{trials} decisions each way (HTTP, WebSocket, Python API)",
+        f"fan-out rounds {[round(x * MS, 1) for x in fan]} ms",
         f"took {time.monotonic() - started:.0f} s; load average {os.getloadavg()[0]:.1f}",
     ]
     report(NAME, figures, notes)
