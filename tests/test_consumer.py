@@ -298,6 +298,19 @@ def test_decision_made_elsewhere_is_pushed(users):
         assert (await confirm(other, approval_id=aid2, decision="allow"))["resolved"]
         decided = await next_of(comm, "tool_decision")
         assert (decided["approval_id"], decided["decided_by"]) == (aid2, "boss")
+        # The HTTP endpoint: the socket hears about it too.
+        aid3, _ = await agate(user=alice)
+        await next_of(comm, "tool_start")
+        http = Client(HTTP_HOST="localhost")
+        await sync_to_async(http.force_login)(boss)
+        response = await sync_to_async(http.post)(
+            "/api/inference/tool-confirm",
+            {"approval_id": aid3, "decision": "deny"},
+            content_type="application/json",
+        )
+        assert response.status_code == 200, response.content
+        decided = await next_of(comm, "tool_decision")
+        assert (decided["approval_id"], decided["decided_via"]) == (aid3, "web")
         await comm.disconnect()
         await other.disconnect()
 
