@@ -52,7 +52,7 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             return
         self.user = user
         self.session_filter = _session_filter(self.scope)
-        self.sees_all = await database_sync_to_async(decisions.may_decide_any)(user)
+        self.sees_all = False  # set with the snapshot, before any event is sent
         self.known: set[str] = set()
         self.queue: asyncio.Queue = asyncio.Queue()
         # Subscribe before reading the snapshot: a call gated or decided in
@@ -78,6 +78,7 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
 
     # -- server -> client ------------------------------------------------
     def _snapshot(self) -> list[dict]:
+        self.sees_all = decisions.may_decide_any(self.user)
         qs = decisions.visible_to(self.user).filter(
             status=Status.PENDING, expires_at__gt=timezone.now()
         )
