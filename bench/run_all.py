@@ -30,6 +30,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 DOC = ROOT / "BENCHMARKS.md"
+RESULTS = BENCH / "results.json"  # the last run of each benchmark, so --only can merge
 START = "<!-- figures:start (written by bench/run_all.py; edits here are overwritten) -->"
 END = "<!-- figures:end -->"
 MARK = "BENCH_JSON "
@@ -184,6 +185,20 @@ def machine() -> dict[str, str]:
     }
 
 
+def merge(fresh: list[dict]) -> list[dict]:
+    """The previous run's results with these scripts' replaced (for ``--only``)."""
+    try:
+        previous = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return fresh
+    by_script = {r["script"]: r for r in previous}
+    for r in fresh:
+        r["merged_at"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        by_script[r["script"]] = r
+    order = [r["script"] for r in previous] + [r["script"] for r in fresh]
+    return [by_script[name] for name in dict.fromkeys(order)]
+
+
 def render(results: list[dict], info: dict[str, str], command: str) -> str:
     """The Markdown that goes between the markers."""
     lines = [
@@ -221,6 +236,9 @@ def render(results: list[dict], info: dict[str, str], command: str) -> str:
             lines += res["raw"] + ["```"]
     runtimes = ", ".join(f"{r['script']} {r['seconds']:.0f} s" for r in results)
     lines += ["", f"Run times: {runtimes}."]
+    rerun = [f"{r['script']} ({r['merged_at']})" for r in results if r.get("merged_at")]
+    if rerun:
+        lines.append(f"Re-run alone since, with `--only`: {', '.join(rerun)}.")
     return "\n".join(lines)
 
 
@@ -272,10 +290,13 @@ def main() -> int:
             args += ["--redis", extra_env["TOOLGATE_TEST_REDIS_URL"]]
         results.append(run_one(script, args, opts.timeout, extra_env))
     info = machine()
+    if opts.only:
+        results = merge(results)
     table = render(results, info, command)
     print("\n" + table)
     if not opts.no_write:
         write(table)
+        RESULTS.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
         print(f"\nwrote {DOC.relative_to(ROOT)} ({time.monotonic() - t0:.0f} s in all)")
     failed = [r["script"] for r in results if r["rc"] != 0]
     if failed:

@@ -238,7 +238,8 @@ def run(opts: argparse.Namespace, database_url: str) -> None:
         ),
     }
     notes = [
-        f"{opts.seconds:.0f} s, {opts.clients} sockets ({active} of the {USERS} users with calls), "
+        f"{opts.seconds:.0f} s, {opts.clients} sockets ({active} of them signed in as the "
+        f"{USERS} users with calls), "
         f"{opts.rate:.0f} calls/s "
         f"gated by one agent process, one daphne process, {where}",
     ]
