@@ -170,6 +170,47 @@ async def _cancel_async(n: int, how: str) -> list[float]:
     return out
 
 
+def breakdown(n: int) -> dict[str, list[float]]:
+    """Where a decision's time goes: the whole call, its two ORM queries, the SQL floor."""
+    from django.db import connection, transaction
+
+    from approvals import decisions, gate
+    from approvals.listener import get_listener
+    from approvals.models import Approval
+
+    aids = []
+    for _ in range(3 * n):
+        aid = gate.new_approval_id()
+        get_listener().unregister(gate.begin_tool_decision("bench", aid, tool_name="shell"))
+        aids.append(aid)
+    out: dict[str, list[float]] = {"resolve": [], "select": [], "update": [], "sql": []}
+    table = Approval._meta.db_table
+    for aid in aids[:n]:
+        t0 = time.perf_counter()
+        gate.resolve_tool_decision(aid, "allow")
+        out["resolve"].append(time.perf_counter() - t0)
+    for aid in aids[n : 2 * n]:
+        t0 = time.perf_counter()
+        decisions._visible_row(aid, None, None)
+        t1 = time.perf_counter()
+        with transaction.atomic():
+            Approval.objects.filter(approval_id=aid, status="pending").update(reason="")
+        out["select"].append(t1 - t0)
+        out["update"].append(time.perf_counter() - t1)
+    with connection.cursor() as cursor:
+        for aid in aids[2 * n :]:
+            t0 = time.perf_counter()
+            with transaction.atomic():
+                cursor.execute(f"SELECT id FROM {table} WHERE approval_id = %s", [aid])
+                cursor.fetchone()
+                cursor.execute(
+                    f"UPDATE {table} SET reason = '' WHERE approval_id = %s AND status = 'pending'",
+                    [aid],
+                )
+            out["sql"].append(time.perf_counter() - t0)
+    return out
+
+
 # -- memory and idle CPU (each in a child process) -------------------------
 
 
@@ -372,6 +413,7 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     cs = cancel_sync(ncancel)
     ce = asyncio.run(_cancel_async(ncancel, "event"))
     ct = asyncio.run(_cancel_async(ncancel, "task"))
+    parts = breakdown(300 if args.quick else 1000)
     from approvals import listener
 
     listener.shutdown()  # this process now only waits for its children
@@ -395,6 +437,18 @@ def run(args: argparse.Namespace, database_url: str) -> None:
         ),
         "cancel_task_p50_ms": figure(_ms(ct, 50), "ms", "cancel, task.cancel(), p50"),
         "cancel_task_p99_ms": figure(_ms(ct, 99), "ms", "cancel, task.cancel(), p99", "≤ 20"),
+        "resolve_alone_p50_ms": figure(
+            _ms(parts["resolve"], 50), "ms", "breakdown: resolve_tool_decision alone, p50"
+        ),
+        "orm_select_p50_ms": figure(
+            _ms(parts["select"], 50), "ms", "breakdown: its SELECT through the ORM, p50"
+        ),
+        "orm_update_p50_ms": figure(
+            _ms(parts["update"], 50), "ms", "breakdown: its UPDATE + COMMIT through the ORM, p50"
+        ),
+        "sql_floor_p50_ms": figure(
+            _ms(parts["sql"], 50), "ms", "breakdown: the same SELECT + UPDATE + COMMIT in raw SQL"
+        ),
         "idle10k_rss_mib": figure(
             tg["rss_delta_mib"], "MiB", "10,000 async waiters: RSS above baseline", "≤ 50"
         ),
