@@ -9,6 +9,8 @@ after the transaction commits.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -141,31 +143,54 @@ def atomic_then(callbacks: list):
             fn()
 
 
+_ROW_FIELDS = ("pk", "approval_id", "session_id", "user_id", "tool_name", "tool_call_id")
+_known_rows: OrderedDict[str, dict] = OrderedDict()
+_KNOWN_ROWS_MAX = 20_000
+_known_lock = threading.Lock()
+
+
+def remember_row(approval: Approval) -> None:
+    """Keep a gated call's fixed fields, so deciding it in this process skips a read."""
+    row = {name: getattr(approval, name) for name in _ROW_FIELDS}
+    with _known_lock:
+        _known_rows[approval.approval_id] = row
+        while len(_known_rows) > _KNOWN_ROWS_MAX:
+            _known_rows.popitem(last=False)
+
+
 def _visible_row(approval_id: str, session_id: str | None, viewer: Any) -> dict | None:
-    qs = Approval.objects.filter(approval_id=approval_id)
-    if viewer is not None:
-        qs = qs & visible_to(viewer)
-    row = (
-        qs.values(
-            "pk",
-            "approval_id",
-            "session_id",
-            "user_id",
-            "tool_name",
-            "tool_call_id",
-            "status",
-            "expires_at",
+    # The fields used here never change once a row is written, so a copy kept
+    # by this process is as good as a read; the status is settled by the
+    # conditional update either way.
+    with _known_lock:
+        known = _known_rows.get(approval_id)
+    if known is not None:
+        row = {**known, "status": Status.PENDING}
+    else:
+        row = (
+            Approval.objects.filter(approval_id=approval_id)
+            .values(*_ROW_FIELDS, "status")
+            .order_by()
+            .first()
         )
-        .order_by()
-        .first()
-    )
     if row is None or (session_id is not None and row["session_id"] != session_id):
+        return None
+    if viewer is not None and not _may_see(viewer, row["user_id"]):
         return None
     return row
 
 
+def _may_see(viewer: Any, owner_id: Any) -> bool:
+    # Their own call needs no permission lookup (the common case: two queries saved).
+    if owner_id is not None and str(owner_id) == str(viewer.pk):
+        return True
+    return may_decide_any(viewer)
+
+
 def _explain_loss(row: dict, now) -> Outcome:
     status = Approval.objects.filter(pk=row["pk"]).values_list("status", flat=True).first()
+    if status is None:  # known to this process, but its transaction was rolled back
+        return NOT_FOUND
     if status == Status.PENDING:
         # Still pending but past its deadline: it is expired; record that first.
         expired = decide(row["approval_id"], Status.EXPIRED, via=Via.TIMEOUT)

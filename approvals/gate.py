@@ -108,6 +108,7 @@ def begin_tool_decision(
         with decisions.atomic_then([]) as after:
             approval = Approval.objects.create(**fields)
             after.append(lambda: decisions.announce_created(approval))
+        decisions.remember_row(approval)
     except IntegrityError:
         return _resume(listener, slot, session_id, approval_id)
     except BaseException:
