@@ -23,30 +23,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import queue
-import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    child_env,
-    cpu_of,
-    figure,
-    percentile,
-    remove_sqlite,
-    report,
-    rss_mib,
-    rss_of,
-    setup_django,
-)
+from _common import figure, percentile, remove_sqlite, report, setup_django  # noqa: E402
+from _gate_idle import run_child, section_threads, section_toolgate, warm_up  # noqa: E402
 
 MS = 1000.0
 
@@ -171,10 +158,11 @@ async def _cancel_async(n: int, how: str) -> list[float]:
 
 
 def breakdown(n: int) -> dict[str, list[float]]:
-    """Where a decision's time goes: the whole call, its two ORM queries, the SQL floor."""
+    """Where a decision's time goes: the whole call, against the same work as ORM-built
+    queries (a SELECT of the row, the conditional UPDATE and COMMIT) and as raw SQL."""
     from django.db import connection, transaction
 
-    from approvals import decisions, gate
+    from approvals import gate
     from approvals.listener import get_listener
     from approvals.models import Approval
 
@@ -191,7 +179,7 @@ def breakdown(n: int) -> dict[str, list[float]]:
         out["resolve"].append(time.perf_counter() - t0)
     for aid in aids[n : 2 * n]:
         t0 = time.perf_counter()
-        decisions._visible_row(aid, None, None)
+        Approval.objects.filter(approval_id=aid).values("pk", "status", "expires_at").first()
         t1 = time.perf_counter()
         with transaction.atomic():
             Approval.objects.filter(approval_id=aid, status="pending").update(reason="")
@@ -209,168 +197,6 @@ def breakdown(n: int) -> dict[str, list[float]]:
                 )
             out["sql"].append(time.perf_counter() - t0)
     return out
-
-
-# -- memory and idle CPU (each in a child process) -------------------------
-
-
-def _warm_up() -> None:
-    from approvals import gate
-
-    for _ in range(3):
-        aid = gate.new_approval_id()
-        slot = gate.begin_tool_decision("warm", aid, tool_name="shell")
-        gate.resolve_tool_decision(aid, "allow")
-        gate.wait_tool_decision(slot, aid)
-
-
-def section_toolgate(waiters: int) -> None:
-    """``waiters`` pending async calls in one event loop, then idle until killed."""
-    from approvals import gate
-    from approvals.listener import get_listener
-
-    _warm_up()
-    time.sleep(1.5)
-    base = rss_mib()
-    threads_before = threading.active_count()
-    t0 = time.perf_counter()
-    slots = []
-    for i in range(waiters):
-        aid = gate.new_approval_id()
-        slot = gate.begin_tool_decision(f"s{i % 50}", aid, tool_name="shell", arguments={"i": i})
-        slots.append((slot, aid))
-    begin_ms = (time.perf_counter() - t0) / waiters * MS
-
-    async def main() -> None:
-        tasks = [asyncio.create_task(gate.await_tool_decision(s, a)) for s, a in slots]
-        await asyncio.sleep(0.5)
-        assert not any(t.done() for t in tasks)
-        _ready(
-            base_rss_mib=base,
-            pending_slots=get_listener().pending_slots(),
-            extra_threads=threading.active_count() - threads_before,
-            begin_per_call_ms=begin_ms,
-        )
-        await asyncio.sleep(3600)
-
-    asyncio.run(main())
-
-
-def _ready(**info) -> None:
-    """Tell the parent the waiters are in place; it measures this process from outside."""
-    print("SECTION " + json.dumps(info), flush=True)
-
-
-class PollingGate:
-    """The original design: a dict of pending calls, one thread per waiter, 0.5 s polls."""
-
-    def __init__(self) -> None:
-        self.pending: dict[str, dict] = {}
-        self.lock = threading.Lock()
-
-    def begin(self, aid: str) -> None:
-        with self.lock:
-            self.pending[aid] = {"event": threading.Event(), "decision": None}
-
-    def wait(self, aid: str, cancel: threading.Event, timeout: float = 3600) -> str:
-        entry = self.pending[aid]
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                if entry["event"].wait(0.5):
-                    return entry["decision"]
-                if cancel.is_set() or time.monotonic() > deadline:
-                    return "deny"
-        finally:
-            with self.lock:
-                self.pending.pop(aid, None)
-
-    def resolve(self, aid: str, decision: str) -> bool:
-        entry = self.pending.get(aid)
-        if entry is None:
-            return False
-        entry["decision"] = decision
-        entry["event"].set()
-        return True
-
-
-def section_threads(waiters: int, cancels: int) -> None:
-    """The polling gate: cancel latency, then ``waiters`` polling threads until killed."""
-    _warm_up()
-    time.sleep(1.5)
-    g = PollingGate()
-    cancel_p50 = _polling_cancel_p50(g, cancels)
-    time.sleep(1.0)
-    base = rss_mib()
-    go, stop = threading.Event(), threading.Event()
-
-    def waiter(aid: str) -> None:
-        go.wait()  # start polling only once all exist, or starting them crawls
-        g.wait(aid, stop)
-
-    for i in range(waiters):
-        g.begin(f"t{i}")
-        threading.Thread(target=waiter, args=(f"t{i}",), daemon=True).start()
-    go.set()
-    _ready(base_rss_mib=base, cancel_p50_ms=cancel_p50)
-    time.sleep(3600)
-
-
-def _polling_cancel_p50(g: PollingGate, cancels: int) -> float:
-    lat: list[float] = []
-    lock = threading.Lock()
-
-    def one(i: int, ev: threading.Event, set_at: list) -> None:
-        g.wait(f"c{i}", ev)
-        with lock:
-            lat.append(time.perf_counter() - set_at[0])
-
-    boxes = []
-    for i in range(cancels):
-        g.begin(f"c{i}")
-        ev, set_at = threading.Event(), [0.0]
-        threading.Thread(target=one, args=(i, ev, set_at), daemon=True).start()
-        boxes.append((ev, set_at))
-    for ev, set_at in boxes:  # cancels land at random points of the 0.5 s poll
-        time.sleep(random.uniform(0, 0.01))
-        set_at[0] = time.perf_counter()
-        ev.set()
-    while len(lat) < cancels:
-        time.sleep(0.05)
-    return percentile(lat, 50) * MS
-
-
-def run_child(section: str, database_url: str, idle: float, **kw) -> dict:
-    """Start a section in a child, then measure its RSS and idle CPU from here.
-
-    Measuring from outside keeps the figures honest when the child's own
-    threads would starve a measuring thread of the GIL (the polling gate does).
-    """
-    args = [sys.executable, __file__, "--section", section, "--database-url", database_url]
-    for k, v in kw.items():
-        args += [f"--{k.replace('_', '-')}", str(v)]
-    errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in finally)
-    proc = subprocess.Popen(
-        args, env=child_env(database_url), stdout=subprocess.PIPE, stderr=errors, text=True
-    )
-    try:
-        for line in proc.stdout:
-            if line.startswith("SECTION "):
-                info = json.loads(line[len("SECTION ") :])
-                break
-        else:
-            errors.seek(0)
-            raise RuntimeError(f"section {section} failed:\n{errors.read()[-3000:]}")
-        time.sleep(2.0)  # settle: every waiter has started waiting
-        info["rss_delta_mib"] = rss_of(proc.pid) - info["base_rss_mib"]
-        c0, t0 = cpu_of(proc.pid), time.monotonic()
-        time.sleep(idle)
-        info["idle_cpu_percent"] = 100 * (cpu_of(proc.pid) - c0) / (time.monotonic() - t0)
-        return info
-    finally:
-        proc.kill()
-        proc.wait()
-        errors.close()
 
 
 # -- the run ----------------------------------------------------------------
@@ -407,7 +233,7 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     n = 300 if args.quick else 2000
     ncancel = 100 if args.quick else 300
     idle = 5.0 if args.quick else 10.0
-    _warm_up()
+    warm_up()
     ws = wake_sync(n)
     wa = asyncio.run(_wake_async(n))
     cs = cancel_sync(ncancel)
@@ -419,10 +245,23 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     listener.shutdown()  # this process now only waits for its children
     tg = run_child("toolgate", database_url, idle, waiters=10_000)
     th = run_child("threads", database_url, idle, waiters=5_000, cancels=200)
-    tg_per = tg["rss_delta_mib"] / 10_000
-    th_per = th["rss_delta_mib"] / 5_000
-    cancel_all = cs + ce + ct
-    f = {
+    f = latency_figures(ws, wa, cs, ce, ct, parts) | idle_figures(tg, th, cs + ce + ct)
+    for fig in f.values():
+        if fig["goal"]:
+            limit = float(fig["goal"].split()[-1])
+            fig["met"] = fig["value"] is not None and fig["value"] <= limit
+    notes = [
+        f"{n} wake trials and {ncancel} cancel trials per kind; SQLite file DB, WAL, "
+        "no Redis; every decision writes its audit row before the waiter wakes",
+        f"idle CPU measured over {idle:.0f} s with the database re-check running "
+        "(RECHECK_INTERVAL 1 s)",
+    ]
+    report("gate", f, notes)
+
+
+def latency_figures(ws, wa, cs, ce, ct, parts) -> dict:
+    """Wake and cancel latency, and the breakdown of one decision."""
+    return {
         "wake_sync_p50_ms": figure(_ms(ws, 50), "ms", "wake, sync waiter, p50", "≤ 1", None),
         "wake_sync_p99_ms": figure(_ms(ws, 99), "ms", "wake, sync waiter, p99", "≤ 5", None),
         "wake_async_p50_ms": figure(_ms(wa, 50), "ms", "wake, async waiter, p50", "≤ 1", None),
@@ -441,14 +280,22 @@ def run(args: argparse.Namespace, database_url: str) -> None:
             _ms(parts["resolve"], 50), "ms", "breakdown: resolve_tool_decision alone, p50"
         ),
         "orm_select_p50_ms": figure(
-            _ms(parts["select"], 50), "ms", "breakdown: its SELECT through the ORM, p50"
+            _ms(parts["select"], 50), "ms", "breakdown: an ORM-built SELECT of the row, p50"
         ),
         "orm_update_p50_ms": figure(
-            _ms(parts["update"], 50), "ms", "breakdown: its UPDATE + COMMIT through the ORM, p50"
+            _ms(parts["update"], 50), "ms", "breakdown: an ORM-built UPDATE + COMMIT, p50"
         ),
         "sql_floor_p50_ms": figure(
-            _ms(parts["sql"], 50), "ms", "breakdown: the same SELECT + UPDATE + COMMIT in raw SQL"
+            _ms(parts["sql"], 50), "ms", "breakdown: SELECT + UPDATE + COMMIT in raw SQL, p50"
         ),
+    }
+
+
+def idle_figures(tg: dict, th: dict, cancel_all: list[float]) -> dict:
+    """10,000 idle toolgate waiters against 5,000 of the polling gate."""
+    tg_per = tg["rss_delta_mib"] / 10_000
+    th_per = th["rss_delta_mib"] / 5_000
+    return {
         "idle10k_rss_mib": figure(
             tg["rss_delta_mib"], "MiB", "10,000 async waiters: RSS above baseline", "≤ 50"
         ),
@@ -482,17 +329,6 @@ def run(args: argparse.Namespace, database_url: str) -> None:
             "cancel p50, polling gate / toolgate (all three cancel kinds)",
         ),
     }
-    for fig in f.values():
-        if fig["goal"]:
-            limit = float(fig["goal"].split()[-1])
-            fig["met"] = fig["value"] is not None and fig["value"] <= limit
-    notes = [
-        f"{n} wake trials and {ncancel} cancel trials per kind; SQLite file DB, WAL, "
-        "no Redis; every decision writes its audit row before the waiter wakes",
-        f"idle CPU measured over {idle:.0f} s with the database re-check running "
-        "(RECHECK_INTERVAL 1 s)",
-    ]
-    report("gate", f, notes)
 
 
 if __name__ == "__main__":
