@@ -228,6 +228,12 @@ class Listener:
             self._last_sweep = now
             from .decisions import abandon_orphans, expire_overdue
 
+            if self._lease_written:
+                # Our own lease first: this process is alive, whatever became of its
+                # row (a restored backup, a test run's flush), so it never abandons
+                # calls it is itself waiting for.
+                self._heartbeat()
+                self._last_heartbeat = now
             expire_overdue()
             abandon_orphans(setting("LEASE_TIMEOUT"))
         if not waiting and not has_subscribers:

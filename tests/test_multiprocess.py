@@ -339,3 +339,23 @@ def test_a_bad_group_prefix_is_refused_clearly():
         with pytest.raises(ImproperlyConfigured, match="GROUP_PREFIX"):
             LayerLink(object(), f"{bad}.events", lambda m: None)
     LayerLink(object(), "approvals.events", lambda m: None)  # the default is fine
+
+
+def test_a_process_never_sweeps_away_its_own_waiting_calls(settings):
+    """Even if its lease row vanished (a flush, a restored backup): it is alive."""
+    from approvals import gate
+    from approvals.listener import get_listener
+    from approvals.models import ProcessLease
+
+    aid = gate.new_approval_id()
+    slot = gate.begin_tool_decision("s1", aid, tool_name="shell")
+    try:
+        ProcessLease.objects.all().delete()
+        settings.APPROVALS = {"SWEEP_INTERVAL": 0.1, "LEASE_TIMEOUT": 0.2, "RECHECK_INTERVAL": 0.05}
+        time.sleep(0.3)
+        get_listener()._kick.set()
+        time.sleep(0.5)
+        assert Approval.objects.get(approval_id=aid).status == "pending"
+        assert ProcessLease.objects.filter(key=get_listener().key).exists()
+    finally:
+        gate.abort_tool_decision(slot, aid)
