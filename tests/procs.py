@@ -15,10 +15,13 @@ which is one clock for every process on a Linux host.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import http.client
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,13 +46,21 @@ def child_environment(env: dict, approvals: dict | None = None) -> dict:
     env.setdefault("DJANGO_SETTINGS_MODULE", "toolgate_site.settings")
     paths = [str(ROOT)]
     if approvals:
-        folder = Path(tempfile.mkdtemp(prefix="toolgate-proc-"))
-        (folder / "toolgate_proc_settings.py").write_text(_SETTINGS)
+        folder = _settings_folder()
         paths.insert(0, str(folder))
         env["DJANGO_SETTINGS_MODULE"] = "toolgate_proc_settings"
         env["TOOLGATE_PROC_APPROVALS"] = json.dumps(approvals)
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     return env
+
+
+@functools.cache
+def _settings_folder() -> Path:
+    """One folder per test run holding the overriding settings module (removed at exit)."""
+    folder = Path(tempfile.mkdtemp(prefix="toolgate-proc-"))
+    (folder / "toolgate_proc_settings.py").write_text(_SETTINGS)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _die_with_parent() -> None:
