@@ -181,8 +181,10 @@ def test_redis_dying_loses_no_decision_and_the_fast_path_comes_back(child_env, o
 
         own_redis.start()
         _until_fast(agent, server, sock, sessionid, user)
-        for _ in range(5):  # five in a row: not the once-a-second re-check by luck
-            assert _round_trip(agent, server, sock, sessionid, user) < (FAST, FAST)
+        # Five of seven fast (push and wake): the once-a-second re-check would
+        # manage that by luck about once in a million runs.
+        fast = [max(_round_trip(agent, server, sock, sessionid, user)) < FAST for _ in range(7)]
+        assert sum(fast) >= 5, fast
         sock.close()
     finally:
         agent.stop()
@@ -202,7 +204,7 @@ def _round_trip(agent, server, sock, sessionid, user) -> tuple[float, float]:
 def _until_fast(agent, server, sock, sessionid, user, within: float = 45.0) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if _round_trip(agent, server, sock, sessionid, user) < (FAST, FAST):
+        if max(_round_trip(agent, server, sock, sessionid, user)) < FAST:
             return
     raise AssertionError(f"the channel-layer path did not come back within {within:.0f}s")
 
