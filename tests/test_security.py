@@ -204,6 +204,26 @@ def test_another_users_calls_are_neither_in_the_snapshot_nor_pushed(people):
     assert nothing_more
 
 
+def test_naming_another_users_session_shows_nothing_of_it(people):
+    alice, bob = people
+    gated(bob, "s-bob")
+    cookie = cookie_of(alice)
+
+    async def scenario():
+        comm, connected = await socket(cookie, query="?session_id=s-bob")
+        assert connected
+        snapshot = await comm.receive_json_from(timeout=5)
+        theirs = await asyncio.to_thread(gated, bob, "s-bob")
+        await asyncio.to_thread(gate.resolve_tool_decision, theirs, "deny", user=bob)
+        nothing = await comm.receive_nothing(timeout=0.5)
+        await comm.disconnect()
+        return snapshot, nothing
+
+    snapshot, nothing = run(scenario())
+    assert snapshot == {"type": "snapshot", "pending": []}
+    assert nothing
+
+
 # -- origin, ids, logs -------------------------------------------------------------------
 
 
