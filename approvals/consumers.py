@@ -57,13 +57,17 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         self.queue: asyncio.Queue = asyncio.Queue()
         # Subscribe before reading the snapshot: a call gated or decided in
         # between is then in the snapshot, in the queue, or both; never neither.
-        (await _hub_for_running_loop()).queues.add(self.queue)
+        hub = await _hub_for_running_loop()
+        hub.join(self.queue)
         await self.accept()
         try:
             pending = await database_sync_to_async(self._snapshot)()
         except BaseException:
             _leave(self.queue)  # a socket that never got its snapshot must not linger
             raise
+        if not self.sees_all:
+            # From here on only this user's events are queued for this socket.
+            hub.narrow(self.queue, self.user.pk)
         self.known.update(item["approval_id"] for item in pending)
         await self.send_json({"type": "snapshot", "pending": pending})
         self.sender = asyncio.create_task(self._send_events())
@@ -187,8 +191,32 @@ class _Hub:
     def __init__(self, loop: asyncio.AbstractEventLoop, listener: Listener) -> None:
         self.loop = loop
         self.listener = listener
-        self.queues: set[asyncio.Queue] = set()
+        # Sockets that may see every user's calls, and the others by their user's
+        # key: an event is queued only where it may be shown, so a thousand
+        # sockets of other users cost nothing per event.
+        self.everyone: set[asyncio.Queue] = set()
+        self.by_user: dict[str, set[asyncio.Queue]] = {}
         self.unsubscribe: Callable[[], None] = _nothing
+
+    @property
+    def queues(self) -> set[asyncio.Queue]:
+        """Every socket queue of this loop."""
+        return self.everyone.union(*self.by_user.values())
+
+    def join(self, queue: asyncio.Queue) -> None:
+        self.everyone.add(queue)
+
+    def narrow(self, queue: asyncio.Queue, user_pk: Any) -> None:
+        self.everyone.discard(queue)
+        self.by_user.setdefault(str(user_pk), set()).add(queue)
+
+    def leave(self, queue: asyncio.Queue) -> None:
+        self.everyone.discard(queue)
+        for key, queues in list(self.by_user.items()):
+            if queue in queues:
+                queues.discard(queue)
+                if not queues:
+                    del self.by_user[key]
 
     def from_any_thread(self, event: dict) -> None:
         if event.get("type") not in CLIENT_EVENTS:
@@ -199,8 +227,14 @@ class _Hub:
             _drop_hub(self)
 
     def _fan_out(self, event: dict) -> None:
+        owner = event.get("_user_id")
+        targets = list(self.everyone)
+        if owner is not None:
+            targets.extend(self.by_user.get(str(owner), ()))
+        if not targets:
+            return
         item = (event, json.dumps(events.public(event)))
-        for queue in list(self.queues):
+        for queue in targets:
             queue.put_nowait(item)
 
 
@@ -221,7 +255,9 @@ async def _hub_for_running_loop() -> _Hub:
             return old
         hub = _hubs[loop] = _Hub(loop, listener)
     if old is not None:  # that listener was shut down; its sockets move here
-        hub.queues.update(old.queues)
+        hub.everyone.update(old.everyone)
+        for key, queues in old.by_user.items():
+            hub.by_user.setdefault(key, set()).update(queues)
         old.unsubscribe()
     hub.unsubscribe = listener.subscribe(hub.from_any_thread)
     return hub
@@ -230,7 +266,7 @@ async def _hub_for_running_loop() -> _Hub:
 def _leave(queue: asyncio.Queue) -> None:
     hub = _hubs.get(asyncio.get_running_loop())
     if hub is not None:
-        hub.queues.discard(queue)
+        hub.leave(queue)
         if not hub.queues:
             _drop_hub(hub)
 

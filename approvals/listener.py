@@ -44,6 +44,7 @@ _SEEN_MAX = 50_000
 _HOLE_SECONDS = 30.0
 _DECIDED_OVERLAP = timedelta(seconds=10)
 _START_OVERLAP = timedelta(seconds=5)
+_FULL_CHECK_SECONDS = 30.0
 
 
 class Listener:
@@ -64,6 +65,7 @@ class Listener:
         self._tail = _Tail()
         self._last_heartbeat = 0.0
         self._last_sweep = time.monotonic()
+        self._last_full_check = time.monotonic()
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle -------------------------------------------------------
@@ -207,19 +209,29 @@ class Listener:
             pass
 
     def recheck(self) -> None:
-        """One pass: local slots, the tail for sockets, heartbeat, sweep."""
+        """One pass: decisions for local slots and sockets, new calls for sockets,
+        heartbeat, sweep."""
         with self._lock:
             waiting = list(self._slots)
             has_subscribers = bool(self._subscribers)
-        if waiting:
-            for event in _decided_among(waiting):
+        now = time.monotonic()
+        if waiting or has_subscribers:
+            # Rows decided lately (an indexed range, not one look-up per waiter),
+            # then, now and then, every waiting id: the net under the net, for a
+            # decision committed later than the tail's overlap allows.
+            for event in self._tail.poll_decided(self._is_known_final):
                 self.deliver(event)
+            if waiting and now - self._last_full_check >= _FULL_CHECK_SECONDS:
+                self._last_full_check = now
+                for event in _decided_among(waiting):
+                    self.deliver(event)
+        else:
+            self._tail.reset_decided()
         if has_subscribers:
-            for event in self._tail.poll():
+            for event in self._tail.poll_created():
                 self.deliver(event)
         else:
-            self._tail.reset()
-        now = time.monotonic()
+            self._tail.reset_created()
         if self._lease_written and now - self._last_heartbeat >= setting("HEARTBEAT_INTERVAL"):
             self._heartbeat()
             self._last_heartbeat = now
@@ -238,6 +250,10 @@ class Listener:
             abandon_orphans(setting("LEASE_TIMEOUT"))
         if not waiting and not has_subscribers:
             connection.close()  # an idle process holds no database connection
+
+    def _is_known_final(self, approval_id: str, status: str) -> bool:
+        with self._lock:
+            return self._seen.get(approval_id) == status
 
     def _heartbeat(self) -> None:
         from .models import ProcessLease
@@ -292,18 +308,21 @@ class _Tail:
     """Rows created or decided since the last look, found by id and by decided_at."""
 
     def __init__(self) -> None:
-        self.reset()
+        self.reset_created()
+        self.reset_decided()
 
-    def reset(self) -> None:
+    def reset_created(self) -> None:
         self.last_pk: int | None = None
-        self.decided_mark = None
         self.holes: dict[int, float] = {}
 
-    def poll(self) -> list[dict]:
+    def reset_decided(self) -> None:
+        self.decided_mark = None
+
+    def poll_created(self) -> list[dict]:
         from django.db.models import Max, Q
 
         from . import events
-        from .models import Approval, Status
+        from .models import Approval
 
         if self.last_pk is None:
             # Start a little in the past: a socket that subscribed and read its
@@ -312,7 +331,6 @@ class _Tail:
             start = timezone.now() - _START_OVERLAP
             older = Approval.objects.filter(created_at__lt=start)
             self.last_pk = older.aggregate(m=Max("pk"))["m"] or 0
-            self.decided_mark = start
         out: list[dict] = []
         fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
         query = Q(pk__gt=self.last_pk)
@@ -323,18 +341,38 @@ class _Tail:
         for row in rows:
             self.holes.pop(row["pk"], None)
             if row["pk"] > self.last_pk:
+                # Ids are handed out before commit: a gap may still fill in.
                 for missing in range(self.last_pk + 1, row["pk"]):
                     self.holes[missing] = now
                 self.last_pk = row["pk"]
             out.append(events.tool_start(row))
         self.holes = {pk: t for pk, t in self.holes.items() if now - t < _HOLE_SECONDS}
+        return out
+
+    def poll_decided(self, known: Callable[[str, str], bool]) -> list[dict]:
+        """``tool_decision`` events for rows decided lately that ``known`` has not seen.
+
+        ``decided_at`` is set before commit, so each look reaches back
+        ``_DECIDED_OVERLAP``; a first light query finds what is new, and only
+        that is read in full.
+        """
+        from .models import Approval, Status
+
         mark = timezone.now()
-        decided = Approval.objects.filter(
+        if self.decided_mark is None:
+            self.decided_mark = mark - _START_OVERLAP
+        recent = Approval.objects.filter(
             decided_at__gte=self.decided_mark - _DECIDED_OVERLAP
         ).exclude(status=Status.PENDING)
-        out.extend(_decision_events(decided))
+        new = [
+            aid
+            for aid, status in recent.values_list("approval_id", "status")
+            if not known(aid, status)
+        ]
         self.decided_mark = mark
-        return out
+        if not new:
+            return []
+        return _decided_among(new)
 
 
 def _cross_process_layer():
