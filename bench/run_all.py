@@ -193,7 +193,6 @@ def merge(fresh: list[dict]) -> list[dict]:
         return fresh
     by_script = {r["script"]: r for r in previous}
     for r in fresh:
-        r["merged_at"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         by_script[r["script"]] = r
     order = [r["script"] for r in previous] + [r["script"] for r in fresh]
     return [by_script[name] for name in dict.fromkeys(order)]
@@ -201,8 +200,18 @@ def merge(fresh: list[dict]) -> list[dict]:
 
 def render(results: list[dict], info: dict[str, str], command: str) -> str:
     """The Markdown that goes between the markers."""
+    runs: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        key = (r.get("date", info["date"]), r.get("command", command))
+        runs.setdefault(key, []).append(r["script"])
+    measured = [f"Measured {date} with `{cmd}`" for date, cmd in runs]
+    if len(runs) > 1:
+        measured = [
+            f"Measured {date} with `{cmd}` ({', '.join(names)})"
+            for (date, cmd), names in runs.items()
+        ]
     lines = [
-        f"Measured {info['date']} with `{command}`.",
+        "; ".join(measured) + ".",
         "",
         f"- Machine: `{info['uname']}`; {info['cpu']}; {info['memory']} memory",
         f"- Python {info['python'].split()[-1]} ({info['python'].split()[0]}), "
@@ -236,9 +245,6 @@ def render(results: list[dict], info: dict[str, str], command: str) -> str:
             lines += res["raw"] + ["```"]
     runtimes = ", ".join(f"{r['script']} {r['seconds']:.0f} s" for r in results)
     lines += ["", f"Run times: {runtimes}."]
-    rerun = [f"{r['script']} ({r['merged_at']})" for r in results if r.get("merged_at")]
-    if rerun:
-        lines.append(f"Re-run alone since, with `--only`: {', '.join(rerun)}.")
     return "\n".join(lines)
 
 
@@ -290,6 +296,8 @@ def main() -> int:
             args += ["--redis", extra_env["TOOLGATE_TEST_REDIS_URL"]]
         results.append(run_one(script, args, opts.timeout, extra_env))
     info = machine()
+    for r in results:
+        r["date"], r["command"] = info["date"], command
     if opts.only:
         results = merge(results)
     table = render(results, info, command)
