@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db import DatabaseError
 from django.utils import timezone
 
 from . import decisions, events, validation
@@ -35,6 +37,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLIENT_EVENTS = frozenset({"tool_start", "tool_decision"})
 #: A channel-layer alias nobody configures: Channels then gives the consumer no
 #: channel of its own (no per-socket receive on Redis), see ``get_channel_layer``.
+logger = logging.getLogger("approvals.consumers")
 NO_CHANNEL_LAYER = "approvals.consumers.no-channel-layer"
 
 
@@ -143,7 +146,14 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             request = validation.parse_decision(data)
         except RequestError as exc:
             return {**reply, "error": exc.code, "detail": exc.detail}
-        outcome = await database_sync_to_async(self._decide)(request)
+        try:
+            outcome = await database_sync_to_async(self._decide)(request)
+        except RequestError as exc:  # e.g. remember "session" on a call without a session
+            return {**reply, "error": exc.code, "detail": exc.detail}
+        except DatabaseError as exc:
+            logger.warning("approvals: database unavailable for tool_confirm: %s", exc)
+            code = validation.DATABASE_UNAVAILABLE
+            return {**reply, "error": code, "detail": validation.ERROR_DETAILS[code]}
         if outcome.won:
             return {**reply, "resolved": True, "status": outcome.status}
         reply["error"] = outcome.error

@@ -9,6 +9,6 @@ urlpatterns = [
     path("tool-confirm", views.tool_confirm, name="tool-confirm"),
     path("tool-approvals", views.tool_approvals, name="tool-approvals"),
     path("rules", views.rule_list, name="rules"),
-    path("rules/<int:pk>/revoke", views.rule_revoke, name="rule-revoke"),
+    path("rules/<str:pk>/revoke", views.rule_revoke, name="rule-revoke"),
     path("openapi.json", views.openapi, name="openapi"),
 ]

@@ -27,6 +27,7 @@ ALREADY_DECIDED = "already_decided"
 UNKNOWN_TYPE = "unknown_type"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 CSRF_FAILED = "csrf_failed"
+DATABASE_UNAVAILABLE = "database_unavailable"
 
 ERROR_DETAILS = {
     AUTHENTICATION_REQUIRED: "Sign in to see or decide tool calls.",
@@ -34,6 +35,7 @@ ERROR_DETAILS = {
     ALREADY_DECIDED: "That tool call was already decided; the first decision stands.",
     METHOD_NOT_ALLOWED: "This endpoint accepts only POST.",
     CSRF_FAILED: "The CSRF check failed: send the csrftoken cookie's value in X-CSRFToken.",
+    DATABASE_UNAVAILABLE: "The database could not be reached, so nothing was decided. Try again.",
 }
 
 

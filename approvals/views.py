@@ -15,6 +15,7 @@ from functools import cache, wraps
 from pathlib import Path
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.models import Q
 from django.http import HttpRequest, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -27,6 +28,7 @@ from .models import Rule, Status, Via
 from .validation import RequestError
 
 csrf_logger = logging.getLogger("django.security.csrf")
+logger = logging.getLogger("approvals.views")
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 RULE_FIELDS = (
     "id",
@@ -108,6 +110,12 @@ def json_endpoint(method: str, *, extra: dict | None = None, csrf: bool = False)
                 return view(request, *args, **kwargs)
             except RequestError as exc:
                 return error_response(exc.code, exc.detail, status=400, extra=extra)
+            except DatabaseError as exc:
+                # Nothing was decided (the decision's transaction rolled back): say so.
+                logger.warning("approvals: database unavailable in %s: %s", view.__name__, exc)
+                response = error_response(validation.DATABASE_UNAVAILABLE, status=503, extra=extra)
+                response["Retry-After"] = "1"
+                return response
 
         # The CSRF check runs inside, so that its failure is answered in JSON (and
         # a POST to a read-only endpoint gets its 405, not the middleware's 403).
@@ -215,9 +223,11 @@ def rule_list(request: HttpRequest) -> JsonResponse:
 
 
 @json_endpoint("POST", extra={"revoked": False}, csrf=True)
-def rule_revoke(request: HttpRequest, pk: int) -> JsonResponse:
+def rule_revoke(request: HttpRequest, pk: str) -> JsonResponse:
     """Delete one of the signed-in user's own rules; anyone else's is "not found"."""
-    deleted, _ = Rule.objects.filter(pk=pk, user_id=request.user.pk).delete()
+    deleted = 0
+    if pk.isascii() and pk.isdigit() and len(pk) < 19:
+        deleted, _ = Rule.objects.filter(pk=int(pk), user_id=request.user.pk).delete()
     if not deleted:
         return error_response(
             validation.NOT_FOUND,
@@ -225,7 +235,7 @@ def rule_revoke(request: HttpRequest, pk: int) -> JsonResponse:
             status=404,
             extra={"revoked": False},
         )
-    return JsonResponse({"revoked": True, "id": pk})
+    return JsonResponse({"revoked": True, "id": int(pk)})
 
 
 @cache

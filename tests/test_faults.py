@@ -357,11 +357,6 @@ def test_a_locked_database_fails_the_decision_cleanly(person, db_locked):
         get_listener().unregister(slot)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="approvals/views.py answers a DatabaseError with Django's HTML 500; it should "
-    'answer 503 JSON {"resolved": false, "error": ..., "detail": ...} (remove this mark then)',
-)
 def test_a_locked_database_answers_http_with_a_clear_503(person, db_locked):
     user, sessionid = person
     lock, unlock = db_locked

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import OperationalError
 from django.test import Client
 from django.utils import timezone
 from jsonschema import Draft202012Validator
@@ -110,6 +112,15 @@ def _scenarios(alice, bob):
     def decide(user, decision):
         return confirm(me, {"approval_id": pending(user).approval_id, "decision": decision})
 
+    def database_down():
+        a = pending()
+        failing = mock.patch(
+            "approvals.decisions._conditional_update",
+            side_effect=OperationalError("database is locked"),
+        )
+        with failing:
+            return confirm(me, {"approval_id": a.approval_id, "decision": "allow"})
+
     def oversized_revoke():
         url = f"{PREFIX}/rules/1/revoke"
         return me.post(url, "x", content_type="text/plain", CONTENT_LENGTH="99999")
@@ -127,6 +138,7 @@ def _scenarios(alice, bob):
         (tc, "post", 404, lambda: decide(bob, "deny")),
         (tc, "post", 405, lambda: me.get(PREFIX + tc)),
         (tc, "post", 409, decide_twice),
+        (tc, "post", 503, database_down),
         (ta, "get", 200, lambda: (pending(), pending(), me.get(PREFIX + ta))[-1]),
         (ta, "get", 400, lambda: me.get(PREFIX + ta, {"session_id": "s" * 256})),
         (ta, "get", 401, lambda: anonymous.get(PREFIX + ta)),
