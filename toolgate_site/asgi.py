@@ -11,11 +11,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolgate_site.settings")
 # Set up Django (and the app registry) before anything imports models.
 django_asgi_app = get_asgi_application()
 
-from approvals.routing import websocket_urlpatterns  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
+
+from approvals.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
