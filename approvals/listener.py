@@ -197,12 +197,11 @@ class Listener:
             try:
                 self.recheck()
             except Exception as exc:
+                # This thread must outlive any failure (a database outage, a
+                # connection gone bad): it is what wakes waiters when messages
+                # are lost. Drop the connection and try again next pass.
                 logger.warning("approvals: database re-check failed: %s", exc)
-                close_old_connections()
-                try:
-                    connection.close()
-                except Exception:
-                    pass
+                _drop_connection()
         try:
             connection.close()
         except Exception:
@@ -262,6 +261,14 @@ class Listener:
         if not n:
             self._lease_written = False
             self.ensure_lease()
+
+
+def _drop_connection() -> None:
+    try:
+        close_old_connections()
+        connection.close()
+    except Exception:
+        pass
 
 
 def _wire(event: dict) -> dict:
