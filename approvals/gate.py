@@ -53,8 +53,15 @@ ABANDONED_MESSAGE = "The process waiting for this tool call stopped, so it was n
 
 
 def new_approval_id() -> str:
-    """A new unguessable, URL-safe approval id (192 random bits)."""
-    return secrets.token_urlsafe(24)
+    """A new unguessable, URL-safe approval id (at least 186 random bits).
+
+    It starts with a letter or digit, so no tool reads it as an option
+    (``-x…``) or a spreadsheet as a formula.
+    """
+    while True:
+        token = secrets.token_urlsafe(24)
+        if token[0].isalnum():
+            return token
 
 
 def begin_tool_decision(

@@ -43,6 +43,7 @@ def test_new_approval_id_is_unguessable_and_url_safe():
     for aid in list(ids)[:50]:
         assert len(aid) >= 22  # 128 bits in base64 is 22 characters; we use 192 bits
         assert set(aid) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+        assert aid[0].isalnum()
 
 
 def test_begin_writes_pending_row_with_details(django_user_model):
