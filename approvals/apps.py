@@ -8,4 +8,10 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf, rules  # noqa: F401  (registers checks and receivers)
+        # Importing registers the checks and the setting_changed receivers.
+        from . import checks, conf, listener, rules, sweep, wsroute  # noqa: F401
+        from .conf import setting
+
+        # The listener knows nothing above it; the parts that need it hook in here.
+        rules.connect()
+        listener.every("sweep", lambda: setting("SWEEP_INTERVAL"), sweep.sweep)

@@ -6,20 +6,29 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 
+from .channellink import is_in_memory
+from .conf import get_config, setting
+
+#: The in-memory channel layer with ``DEBUG = False``.
 W001 = "approvals.W001"
+#: A SQLite database not in WAL mode.
 W002 = "approvals.W002"
+#: A SQLite database without IMMEDIATE transactions.
 W003 = "approvals.W003"
+#: No channel layer under ``APPROVALS["CHANNEL_LAYER"]``.
 W004 = "approvals.W004"
+#: ``APPROVALS`` names a key the app does not know.
 E001 = "approvals.E001"
+#: A timing setting that is not a positive number.
+E002 = "approvals.E002"
+#: ``LEASE_TIMEOUT`` not more than twice ``HEARTBEAT_INTERVAL``.
+E003 = "approvals.E003"
 
 
 @register(Tags.compatibility)
 def check_channel_layer(app_configs: Any = None, **kwargs: Any) -> list:
-    from django.core.exceptions import ImproperlyConfigured
-
-    from .conf import setting
-
     try:
         alias = setting("CHANNEL_LAYER")
     except ImproperlyConfigured:
@@ -37,8 +46,7 @@ def check_channel_layer(app_configs: Any = None, **kwargs: Any) -> list:
                 id=W004,
             )
         ]
-    backend = str(layers[alias].get("BACKEND", ""))
-    if backend.endswith("InMemoryChannelLayer") and not settings.DEBUG:
+    if is_in_memory(alias) and not settings.DEBUG:
         return [
             Warning(
                 "The in-memory channel layer is configured with DEBUG = False.",
@@ -90,10 +98,6 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list:
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
-    from django.core.exceptions import ImproperlyConfigured
-
-    from .conf import get_config
-
     try:
         config = get_config()
     except ImproperlyConfigured as exc:
@@ -103,14 +107,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             errors.append(
-                Error(f"APPROVALS[{key!r}] must be a positive number, not {value!r}.", id=E001)
+                Error(f"APPROVALS[{key!r}] must be a positive number, not {value!r}.", id=E002)
             )
     if config["LEASE_TIMEOUT"] <= config["HEARTBEAT_INTERVAL"] * 2:
         errors.append(
             Error(
                 "APPROVALS['LEASE_TIMEOUT'] must be more than twice HEARTBEAT_INTERVAL, or live "
                 "waiters would be marked abandoned.",
-                id=E001,
+                id=E003,
             )
         )
     return errors

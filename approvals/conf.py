@@ -65,65 +65,11 @@ def get_config() -> dict[str, Any]:
 
 
 def setting(name: str) -> Any:
-    """Return one setting by name (a ``None`` that has a derived value is resolved)."""
-    value = get_config()[name]
-    if value is None and name == "INBOX_WEBSOCKET_URL":
-        from django.urls import get_script_prefix
-
-        route = _mounted_websocket_route()
-        return get_script_prefix() + (route if route is not None else "ws/approvals/")
-    return value
-
-
-@cache
-def _mounted_websocket_route() -> str | None:
-    """The route (no leading slash) of the approvals consumer in ``ASGI_APPLICATION``."""
-    from django.utils.module_loading import import_string
-
-    try:
-        application = import_string(settings.ASGI_APPLICATION)
-    except Exception:  # unset or not importable here: the caller falls back
-        return None
-    return _route_to_consumer(application, "", 0)
-
-
-def _route_to_consumer(node: Any, prefix: str, depth: int) -> str | None:
-    # Walks ProtocolTypeRouter -> middleware (.application/.inner) -> URLRouter.routes.
-    from django.urls.resolvers import RoutePattern
-
-    if node is None or depth > 40:
-        return None
-    consumer = getattr(node, "consumer_class", None)
-    if isinstance(consumer, type) and any(
-        c.__module__ == "approvals.consumers" for c in consumer.__mro__
-    ):
-        return prefix
-    mapping = getattr(node, "application_mapping", None)
-    if isinstance(mapping, dict):
-        return _route_to_consumer(mapping.get("websocket"), prefix, depth + 1)
-    routes = getattr(node, "routes", None)
-    if isinstance(routes, list | tuple):
-        for route in routes:
-            pattern = getattr(route, "pattern", None)
-            literal = str(pattern)
-            if not isinstance(pattern, RoutePattern) or "<" in literal:
-                continue  # a regex or a converter: no single path to give the page
-            found = _route_to_consumer(
-                getattr(route, "callback", None), prefix + literal, depth + 1
-            )
-            if found is not None:
-                return found
-        return None
-    for attribute in ("application", "inner", "app"):
-        inner = getattr(node, attribute, None)
-        if inner is not None and inner is not node:
-            return _route_to_consumer(inner, prefix, depth + 1)
-    return None
+    """Return one setting by name."""
+    return get_config()[name]
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting == "APPROVALS":
         get_config.cache_clear()
-    if setting in ("APPROVALS", "ASGI_APPLICATION"):
-        _mounted_websocket_route.cache_clear()

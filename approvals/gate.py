@@ -11,22 +11,24 @@ waiter wherever it runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import threading
-from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError
-from django.utils import timezone
 
-from . import decisions, rules
-from .conf import setting
-from .decisions import status_for_answer
+from .decisions import decide
+from .gating import (
+    check_details,
+    decision_timeout,
+    finish,
+    gate_call,
+    remaining,
+    with_db_cleanup,
+)
 from .listener import get_listener
-from .models import Approval, Status, Via
-from .slots import INTERRUPTED, Slot, on_set
+from .models import Approval, Status, Via, answer_for_status, status_for_answer
+from .waiting import INTERRUPTED, Slot, on_set
 
 __all__ = [
     "TOOL_REJECTED_MESSAGE",
@@ -40,6 +42,7 @@ __all__ = [
     "begin_tool_decision",
     "denial_message",
     "new_approval_id",
+    "release_tool_decision",
     "request_tool_decision",
     "resolve_tool_decision",
     "wait_tool_decision",
@@ -82,71 +85,19 @@ def begin_tool_decision(
     of the same session resumes it: the slot gets the recorded outcome, or
     waits for it if the call is still pending.
     """
-    _check_details(session_id, approval_id, tool_name, tool_call_id, arguments)
-    seconds = _timeout(timeout)
+    check_details(session_id, approval_id, tool_name, tool_call_id, arguments)
+    seconds = decision_timeout(timeout)
     listener = get_listener()
     listener.ensure_lease()
-    user_id = getattr(user, "pk", user)
-    arguments = {} if arguments is None else arguments
-    rule = rules.match(user_id, session_id, tool_name, arguments)
-    now = timezone.now()
-    expires_at = now + timedelta(seconds=seconds)
-    slot = listener.register(Slot(approval_id, expires_at))
-    fields: dict[str, Any] = {
+    details = {
         "approval_id": approval_id,
         "session_id": session_id,
-        "user_id": user_id,
+        "user_id": getattr(user, "pk", user),
         "tool_name": tool_name,
         "tool_call_id": tool_call_id,
-        "arguments": arguments,
-        "created_at": now,
-        "expires_at": expires_at,
-        "waiter": listener.key,
+        "arguments": {} if arguments is None else arguments,
     }
-    if rule is not None:
-        fields.update(
-            status=Status.ALLOWED if rule.decision == "allow" else Status.DENIED,
-            decided_via=Via.RULE,
-            reason=rules.describe(rule),
-            decided_at=now,
-            waiter="",
-        )
-    try:
-        with decisions.atomic_then([]) as after:
-            approval = Approval.objects.create(**fields)
-            after.append(lambda: decisions.announce_created(approval))
-        decisions.remember_row(approval)
-    except IntegrityError:
-        return _resume(listener, slot, session_id, approval_id)
-    except BaseException:
-        listener.unregister(slot)
-        raise
-    if rule is not None:
-        slot.set(approval.status)
-        listener.unregister(slot)  # answered: nothing to wait for, even if wait is skipped
-    return slot
-
-
-def _resume(listener, slot: Slot, session_id: str, approval_id: str) -> Slot:
-    row = (
-        Approval.objects.filter(approval_id=approval_id)
-        .values("session_id", "status", "expires_at")
-        .first()
-    )
-    if row is None or row["session_id"] != session_id:
-        listener.unregister(slot)
-        raise ValueError(f"approval_id {approval_id!r} is already used by another session")
-    slot.expires_at = row["expires_at"]
-    if row["status"] != Status.PENDING:
-        slot.set(row["status"])
-    else:
-        Approval.objects.filter(approval_id=approval_id, status=Status.PENDING).update(
-            waiter=listener.key
-        )
-        fresh = Approval.objects.filter(approval_id=approval_id).values("status").first()
-        if fresh and fresh["status"] != Status.PENDING:
-            slot.set(fresh["status"])
-    return slot
+    return gate_call(listener, details, seconds)
 
 
 def wait_tool_decision(
@@ -162,13 +113,13 @@ def wait_tool_decision(
     case the winner's answer is returned. The slot is always removed.
     """
     try:
-        limit = _remaining(slot, timeout)
+        limit = remaining(slot, timeout)
         remove_hook = on_set(cancel_event, slot.interrupt)
         try:
             outcome = slot.wait(limit)
         finally:
             remove_hook()
-        return _answer(_finish(slot, approval_id, outcome))
+        return answer_for_status(finish(slot, approval_id, outcome))
     finally:
         get_listener().unregister(slot)
 
@@ -189,9 +140,21 @@ def abort_tool_decision(slot: Slot, approval_id: str) -> None:
     """The caller gave up between begin and wait: record ``cancelled``, remove the slot."""
     try:
         if slot.status is None:
-            decisions.decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
+            decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
     finally:
         get_listener().unregister(slot)
+
+
+def release_tool_decision(slot: Slot, approval_id: str) -> None:
+    """Leave a pending call for later: drop this process's waiter but keep the row pending.
+
+    For deferred flows, where the agent run stops and a later run reads the
+    outcome. The row names no waiting process any more, so the sweep does not
+    mark it ``abandoned`` when this process goes away; it still expires at
+    ``expires_at``.
+    """
+    get_listener().unregister(slot)
+    Approval.objects.filter(approval_id=approval_id, status=Status.PENDING).update(waiter="")
 
 
 def resolve_tool_decision(
@@ -210,7 +173,8 @@ def resolve_tool_decision(
     ``"deny"`` raises ``ValueError`` and changes nothing.
     """
     status = status_for_answer(decision)
-    outcome = decisions.decide(
+    get_listener()  # this process will announce the decision: its listener runs
+    outcome = decide(
         approval_id, status, via=via, by=user, reason=reason or "", session_id=session_id
     )
     return outcome.won
@@ -253,7 +217,7 @@ async def await_tool_decision(
         loop = asyncio.get_running_loop()
         remove_hook = on_set(cancel_event, lambda: loop.call_soon_threadsafe(slot.interrupt))
         try:
-            limit = _remaining(slot, timeout)
+            limit = remaining(slot, timeout)
             try:
                 outcome = await asyncio.wait_for(asyncio.shield(fut), limit)
             except TimeoutError:
@@ -264,8 +228,8 @@ async def await_tool_decision(
         finally:
             remove_hook()
         if outcome is not None and outcome != INTERRUPTED:
-            return _answer(outcome)  # decided: nothing left to record
-        return _answer(await sync_to_async(_finish)(slot, approval_id, outcome))
+            return answer_for_status(outcome)  # decided: nothing left to record
+        return answer_for_status(await sync_to_async(finish)(slot, approval_id, outcome))
     finally:
         get_listener().unregister(slot)
 
@@ -277,12 +241,12 @@ async def _record_cancel_despite_cancellation(slot: Slot, approval_id: str) -> N
 
     def record() -> None:
         try:
-            decisions.decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
+            decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
         finally:
             done.set()
 
     # A plain thread: it finishes even if this task is cancelled again or the loop stops.
-    threading.Thread(target=_with_db_cleanup(record), daemon=True).start()
+    threading.Thread(target=with_db_cleanup(record), daemon=True).start()
     try:
         await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, done.wait, 10))
     except asyncio.CancelledError:
@@ -325,68 +289,3 @@ async def aresolve_tool_decision(
 async def adenial_message(approval_id: str) -> str:
     """Async :func:`denial_message`."""
     return await sync_to_async(denial_message)(approval_id)
-
-
-# -- helpers ---------------------------------------------------------------
-
-
-def _finish(slot: Slot, approval_id: str, outcome: str | None) -> str:
-    """Turn what woke the waiter into the call's final status, recording it if ours."""
-    if outcome is not None and outcome != INTERRUPTED:
-        return outcome
-    status = Status.CANCELLED if outcome == INTERRUPTED else Status.EXPIRED
-    via = Via.CANCEL if outcome == INTERRUPTED else Via.TIMEOUT
-    result = decisions.decide(approval_id, status, via=via)
-    return result.status or status
-
-
-def _answer(status: str) -> str:
-    return "allow" if status == Status.ALLOWED else "deny"
-
-
-def _remaining(slot: Slot, timeout: float | None) -> float:
-    left = float("inf")
-    if slot.expires_at is not None:
-        left = (slot.expires_at - timezone.now()).total_seconds()
-    if timeout is not None:
-        left = min(left, float(timeout))
-    return max(0.0, left)
-
-
-def _timeout(timeout: float | None) -> float:
-    value = setting("DECISION_TIMEOUT") if timeout is None else timeout
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {value!r}")
-    return float(value)
-
-
-def _check_details(session_id, approval_id, tool_name, tool_call_id, arguments) -> None:
-    for name, value, limit in (
-        ("session_id", session_id, 255),
-        ("approval_id", approval_id, 128),
-        ("tool_name", tool_name, 200),
-        ("tool_call_id", tool_call_id, 255),
-    ):
-        if not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, not {type(value).__name__}")
-        if len(value) > limit:
-            raise ValueError(f"{name} is longer than {limit} characters")
-    if not approval_id:
-        raise ValueError("approval_id must not be empty")
-    if arguments is not None:
-        try:
-            json.dumps(arguments)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"arguments must be JSON-serialisable: {exc}") from None
-
-
-def _with_db_cleanup(fn):
-    def run() -> None:
-        from django.db import connections
-
-        try:
-            fn()
-        finally:
-            connections.close_all()
-
-    return run

@@ -5,46 +5,77 @@ them to the rest of the site:
 
 * events made here (a call gated, a call decided) are delivered to local
   slots and sockets at once, then published on the channel layer for the other
-  processes, from the listener's own event loop (never a new loop per call);
+  processes, from the link's own event loop (never a new loop per call);
 * events from other processes arrive on one channel-layer group and are
   delivered the same way;
-* a re-check thread asks the database, once per interval for the whole
-  process, for decisions on local slots and (when sockets are connected) for
-  rows created or decided since it last looked. Without a cross-process
-  channel layer this tail is the transport; with one it is the safety net that
-  makes a dropped message cost latency, never a decision.
+* a re-check thread asks the database (:mod:`approvals.dbtail`), once per
+  interval for the whole process, for decisions on local slots and (when
+  sockets are connected) for rows created or decided since it last looked.
 
-Each event reaches a local socket at most once, whichever path brings it first.
+It knows nothing of decisions, rules or HTTP. Other parts hook in from
+``AppConfig.ready()``: :func:`on_message` for message types of their own
+(rules use it to drop cached rules), :func:`every` for periodic work (the
+sweep). Each event reaches a local socket at most once, whichever path brings
+it first. The listener starts on first use by a part that serves live traffic
+(the gate, the consumer, the views); :func:`dispatch` never starts it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from typing import Any
 
 from django.db import close_old_connections, connection
-from django.utils import timezone
 
+from .channellink import LayerLink, own_layer_instance
 from .conf import setting
-from .layerlink import LayerLink, own_layer_instance
+from .dbtail import DatabaseTail, decided_among
+from .leases import Lease, new_key
 from .models import FINAL_STATUSES
-from .slots import Slot
+from .waiting import Slot
 
 logger = logging.getLogger("approvals.listener")
 
 Subscriber = Callable[[dict], None]
 _SEEN_MAX = 50_000
-_HOLE_SECONDS = 30.0
-_DECIDED_OVERLAP = timedelta(seconds=10)
-_START_OVERLAP = timedelta(seconds=5)
 _FULL_CHECK_SECONDS = 30.0
+
+
+# -- hooks ------------------------------------------------------------------
+
+
+@dataclass
+class _Periodic:
+    interval: Callable[[], float | None]
+    task: Callable[[], Any]
+
+
+_handlers: dict[str, Callable[[dict], None]] = {}
+_periodic: dict[str, _Periodic] = {}
+
+
+def on_message(kind: str, handler: Callable[[dict], None]) -> None:
+    """Call ``handler(event)`` for events of type ``kind`` that come from other processes.
+
+    Such events are not delivered to waiters or sockets. Registering a kind
+    again replaces its handler.
+    """
+    _handlers[kind] = handler
+
+
+def every(name: str, interval: Callable[[], float | None], task: Callable[[], Any]) -> None:
+    """Run ``task()`` in the re-check thread every ``interval()`` seconds (``None``: never).
+
+    The process's lease is renewed first, so a periodic task never judges this
+    process dead. Registering a name again replaces it.
+    """
+    _periodic[name] = _Periodic(interval, task)
 
 
 class Listener:
@@ -52,19 +83,19 @@ class Listener:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.key = f"{socket.gethostname()[:30]}-{self.pid}-{uuid.uuid4().hex[:12]}"
+        self.key = new_key()
+        self.lease = Lease(self.key)
         self._lock = threading.RLock()
         self._slots: dict[str, Slot] = {}
         self._subscribers: set[Subscriber] = set()
         self._seen: OrderedDict[str, str] = OrderedDict()
-        self._lease_written = False
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._link: LayerLink | None = None
         self._group = f"{setting('GROUP_PREFIX')}.events"
-        self._tail = _Tail()
+        self._tail = DatabaseTail()
         self._last_heartbeat = 0.0
-        self._last_sweep = time.monotonic()
+        self._last_run: dict[str, float] = {}
         self._last_full_check = time.monotonic()
         self._threads: list[threading.Thread] = []
 
@@ -74,6 +105,7 @@ class Listener:
         if layer is not None:
             self._link = LayerLink(layer, self._group, self._on_layer_message)
             self._link.start()
+        self._last_run = {name: time.monotonic() for name in _periodic}
         t = threading.Thread(target=self._run_recheck, name="toolgate-recheck", daemon=True)
         t.start()
         self._threads.append(t)
@@ -93,6 +125,10 @@ class Listener:
         """The channel-layer link to other processes, ``None`` without a cross-process layer."""
         return self._link
 
+    def kick(self) -> None:
+        """Run a re-check pass now rather than at the next interval."""
+        self._kick.set()
+
     # -- slots -----------------------------------------------------------
     def register(self, slot: Slot) -> Slot:
         with self._lock:
@@ -104,26 +140,19 @@ class Listener:
             if self._slots.get(slot.approval_id) is slot:
                 del self._slots[slot.approval_id]
 
+    def has_slot(self, approval_id: str) -> bool:
+        with self._lock:
+            return approval_id in self._slots
+
     def pending_slots(self) -> int:
         with self._lock:
             return len(self._slots)
 
     def ensure_lease(self) -> None:
         """Write this process's lease before its first waiter (once per process)."""
-        if self._lease_written:
-            return
-        from .models import ProcessLease
-
-        ProcessLease.objects.update_or_create(
-            key=self.key,
-            defaults={
-                "hostname": socket.gethostname()[:255],
-                "pid": self.pid,
-                "heartbeat_at": timezone.now(),
-            },
-        )
-        self._lease_written = True
-        self._last_heartbeat = time.monotonic()
+        if not self.lease.written:
+            self.lease.ensure()
+            self._last_heartbeat = time.monotonic()
 
     # -- subscribers -----------------------------------------------------
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
@@ -172,7 +201,7 @@ class Listener:
         """Deliver locally, then send to the other processes (never blocks the caller)."""
         self.deliver(event)
         if self._link is not None:
-            self._link.send({"type": "approvals.event", "origin": self.key, "event": _wire(event)})
+            self._link.send({"type": "approvals.event", "origin": self.key, "event": wire(event)})
 
     def _on_layer_message(self, message: dict) -> None:
         if message.get("origin") == self.key:
@@ -180,10 +209,9 @@ class Listener:
         event = message.get("event")
         if not isinstance(event, dict):
             return
-        if event.get("type") == "rules_changed":
-            from . import rules
-
-            rules.invalidate(local_only=True)
+        handler = _handlers.get(event.get("type"))
+        if handler is not None:
+            handler(event)
             return
         self.deliver(event)
 
@@ -209,7 +237,7 @@ class Listener:
 
     def recheck(self) -> None:
         """One pass: decisions for local slots and sockets, new calls for sockets,
-        heartbeat, sweep."""
+        heartbeat, periodic tasks."""
         with self._lock:
             waiting = list(self._slots)
             has_subscribers = bool(self._subscribers)
@@ -222,7 +250,7 @@ class Listener:
                 self.deliver(event)
             if waiting and now - self._last_full_check >= _FULL_CHECK_SECONDS:
                 self._last_full_check = now
-                for event in _decided_among(waiting):
+                for event in decided_among(waiting):
                     self.deliver(event)
         else:
             self._tail.reset_decided()
@@ -231,36 +259,31 @@ class Listener:
                 self.deliver(event)
         else:
             self._tail.reset_created()
-        if self._lease_written and now - self._last_heartbeat >= setting("HEARTBEAT_INTERVAL"):
-            self._heartbeat()
-            self._last_heartbeat = now
-        interval = setting("SWEEP_INTERVAL")
-        if interval and now - self._last_sweep >= interval:
-            self._last_sweep = now
-            from .decisions import abandon_orphans, expire_overdue
-
-            if self._lease_written:
-                # Our own lease first: this process is alive, whatever became of its
-                # row (a restored backup, a test run's flush), so it never abandons
-                # calls it is itself waiting for.
-                self._heartbeat()
-                self._last_heartbeat = now
-            expire_overdue()
-            abandon_orphans(setting("LEASE_TIMEOUT"))
+        if self.lease.written and now - self._last_heartbeat >= setting("HEARTBEAT_INTERVAL"):
+            self._beat(now)
+        self._run_periodic(now)
         if not waiting and not has_subscribers:
             connection.close()  # an idle process holds no database connection
+
+    def _run_periodic(self, now: float) -> None:
+        for name, periodic in list(_periodic.items()):
+            interval = periodic.interval()
+            if not interval or now - self._last_run.setdefault(name, now) < interval:
+                continue
+            self._last_run[name] = now
+            # Our own lease first: this process is alive, whatever became of its
+            # row (a restored backup, a test run's flush), so no periodic task
+            # judges the calls it is itself waiting for.
+            self._beat(now)
+            periodic.task()
+
+    def _beat(self, now: float) -> None:
+        self.lease.beat()
+        self._last_heartbeat = now
 
     def _is_known_final(self, approval_id: str, status: str) -> bool:
         with self._lock:
             return self._seen.get(approval_id) == status
-
-    def _heartbeat(self) -> None:
-        from .models import ProcessLease
-
-        n = ProcessLease.objects.filter(key=self.key).update(heartbeat_at=timezone.now())
-        if not n:
-            self._lease_written = False
-            self.ensure_lease()
 
 
 def _drop_connection() -> None:
@@ -271,120 +294,13 @@ def _drop_connection() -> None:
         pass
 
 
-def _wire(event: dict) -> dict:
+def wire(event: dict) -> dict:
     """The event as the layer can encode it: a user's primary key that is not an int
     or a string (a UUID, say) travels as its string; consumers compare as strings."""
     user_id = event.get("_user_id")
     if user_id is None or isinstance(user_id, int | str):
         return event
     return {**event, "_user_id": str(user_id)}
-
-
-def _decided_among(approval_ids: list[str]) -> list[dict]:
-    from .models import Approval, Status
-
-    events = []
-    for start in range(0, len(approval_ids), 500):
-        chunk = approval_ids[start : start + 500]
-        qs = Approval.objects.filter(approval_id__in=chunk).exclude(status=Status.PENDING)
-        events.extend(_decision_events(qs))
-    return events
-
-
-_DECISION_FIELDS = ("approval_id", "session_id", "user_id", "status", "decided_via", "reason")
-
-
-def _decision_events(qs) -> list[dict]:
-    """``tool_decision`` events for decided rows, with who decided, in one query."""
-    from django.contrib.auth import get_user_model
-    from django.db.models import F
-
-    from . import events
-
-    name = F(f"decided_by__{get_user_model().USERNAME_FIELD}")
-    rows = qs.annotate(decided_by_name=name).values(*_DECISION_FIELDS, "decided_by_name")
-    return [
-        events.tool_decision(
-            row, row["status"], row["decided_via"], row["decided_by_name"], row["reason"]
-        )
-        for row in rows
-    ]
-
-
-class _Tail:
-    """Rows created or decided since the last look, found by id and by decided_at."""
-
-    def __init__(self) -> None:
-        self.reset_created()
-        self.reset_decided()
-
-    def reset_created(self) -> None:
-        self.last_pk: int | None = None
-        self.holes: dict[int, float] = {}
-
-    def reset_decided(self) -> None:
-        self.decided_mark = None
-
-    def poll_created(self) -> list[dict]:
-        from django.db.models import Max, Q
-
-        from . import events
-        from .models import Approval
-
-        if self.last_pk is None:
-            # Start a little in the past: a socket that subscribed and read its
-            # snapshot just before this first look must not miss a row committed
-            # in between (it drops what its snapshot already holds).
-            start = timezone.now() - _START_OVERLAP
-            older = Approval.objects.filter(created_at__lt=start)
-            self.last_pk = older.aggregate(m=Max("pk"))["m"] or 0
-        out: list[dict] = []
-        fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
-        query = Q(pk__gt=self.last_pk)
-        if self.holes:
-            query |= Q(pk__in=list(self.holes))
-        rows = list(Approval.objects.filter(query).order_by("pk").values(*fields)[:2000])
-        now = time.monotonic()
-        for row in rows:
-            self.holes.pop(row["pk"], None)
-            if row["pk"] > self.last_pk:
-                # Ids are handed out before commit: a gap may still fill in.
-                for missing in range(self.last_pk + 1, row["pk"]):
-                    self.holes[missing] = now
-                self.last_pk = row["pk"]
-            out.append(events.tool_start(row))
-        self.holes = {pk: t for pk, t in self.holes.items() if now - t < _HOLE_SECONDS}
-        return out
-
-    def poll_decided(self, known: Callable[[str, str], bool]) -> list[dict]:
-        """``tool_decision`` events for rows decided lately that ``known`` has not seen.
-
-        ``decided_at`` is set before commit, so each look reaches back
-        ``_DECIDED_OVERLAP``; a first light query finds what is new, and only
-        that is read in full.
-        """
-        from .models import Approval, Status
-
-        mark = timezone.now()
-        if self.decided_mark is None:
-            self.decided_mark = mark - _START_OVERLAP
-        recent = Approval.objects.filter(
-            decided_at__gte=self.decided_mark - _DECIDED_OVERLAP
-        ).exclude(status=Status.PENDING)
-        new = [
-            aid
-            for aid, status in recent.values_list("approval_id", "status")
-            if not known(aid, status)
-        ]
-        self.decided_mark = mark
-        if not new:
-            return []
-        return _decided_among(new)
-
-
-def _cross_process_layer():
-    """Kept for callers that ask whether a cross-process layer is configured."""
-    return own_layer_instance(setting("CHANNEL_LAYER"))
 
 
 _listener: Listener | None = None
@@ -406,8 +322,14 @@ def get_listener() -> Listener:
 
 
 def dispatch(event: dict) -> None:
-    """Publish an event from this process to every process's slots and sockets."""
-    get_listener().publish(event)
+    """Publish an event from this process through its listener, if one runs.
+
+    Without a running listener nothing here waits or watches, and the other
+    processes learn of the change from the database.
+    """
+    found = current()
+    if found is not None:
+        found.publish(event)
 
 
 def shutdown() -> None:

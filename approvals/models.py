@@ -1,12 +1,23 @@
-"""The audit log (``Approval``), standing rules (``Rule``) and process leases."""
+"""The audit log (``Approval``), standing rules (``Rule``), process leases, and their vocabulary.
+
+The queries every part of the app asks of these tables live here, on the
+querysets (``Approval.objects.visible_to(user).awaiting()``), so the views,
+the consumer and the admin cannot drift apart.
+"""
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from . import events
+from .permissions import DECIDE_CODENAME, may_decide_any
 
 
 class Status(models.TextChoices):
@@ -29,8 +40,60 @@ class Via(models.TextChoices):
     SWEEP = "sweep", _("sweep")
 
 
+class Answer(models.TextChoices):
+    """What a person (or a rule) answers: the words every entry point takes."""
+
+    ALLOW = "allow", _("allow")
+    DENY = "deny", _("deny")
+
+
 FINAL_STATUSES = frozenset(s for s in Status.values if s != Status.PENDING)
 PENDING = Q(status=Status.PENDING)
+#: The status each answer records.
+ANSWER_STATUS = {Answer.ALLOW: Status.ALLOWED, Answer.DENY: Status.DENIED}
+#: How far a remembered decision reaches: this session, or every session.
+REMEMBER_SCOPES = ("session", "always")
+
+
+def status_for_answer(answer: Any) -> str:
+    """Map ``"allow"``/``"deny"`` to a status; anything else raises ``ValueError``."""
+    if not isinstance(answer, str) or answer not in ANSWER_STATUS:
+        raise ValueError(f'decision must be "allow" or "deny", not {answer!r}')
+    return ANSWER_STATUS[answer]
+
+
+def answer_for_status(status: str) -> str:
+    """``"allow"`` for an allowed call, ``"deny"`` for every other outcome."""
+    return Answer.ALLOW if status == Status.ALLOWED else Answer.DENY
+
+
+def awaiting_q(now: datetime | None = None) -> Q:
+    """Pending and not yet past its deadline: a call a person can still answer."""
+    return PENDING & Q(expires_at__gt=now or timezone.now())
+
+
+class ApprovalQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> ApprovalQuerySet:
+        """The approvals ``user`` may see and decide (see :mod:`approvals.permissions`)."""
+        if may_decide_any(user):
+            return self
+        return self.filter(user_id=user.pk)
+
+    def awaiting(self, now: datetime | None = None) -> ApprovalQuerySet:
+        """Pending and not yet past their deadline: what a person can still answer."""
+        return self.filter(awaiting_q(now))
+
+    def in_session(self, session_id: str | None) -> ApprovalQuerySet:
+        """Narrowed to one session; ``None`` or ``""`` leaves every session."""
+        return self.filter(session_id=session_id) if session_id else self
+
+    def decided(self) -> ApprovalQuerySet:
+        return self.exclude(PENDING)
+
+    def pending_items(self, limit: int) -> list[dict]:
+        """Oldest first, as ``tool-approvals``, the snapshot and ``tool_start`` list them."""
+        rows = self.order_by("created_at", "pk").values(*events.PENDING_FIELDS)
+        return [events.pending_item(row) for row in rows[:limit]]
 
 
 class Approval(models.Model):
@@ -73,11 +136,13 @@ class Approval(models.Model):
         help_text=_("Lease key of the process waiting for the decision; blank when none waits."),
     )
 
+    objects = ApprovalQuerySet.as_manager()
+
     class Meta:
         verbose_name = _("approval")
         verbose_name_plural = _("approvals")
         ordering = ["-created_at"]
-        permissions = [("decide_approval", "Can allow or deny pending tool calls")]
+        permissions = [(DECIDE_CODENAME, "Can allow or deny pending tool calls")]
         indexes = [
             models.Index(fields=["-created_at"], name="approvals_latest"),
             models.Index(fields=["status", "-created_at"], name="approvals_status_latest"),
@@ -101,6 +166,11 @@ class Approval(models.Model):
     def is_pending(self) -> bool:
         return self.status == Status.PENDING
 
+    @classmethod
+    def limit(cls, field: str) -> int:
+        """The longest value ``field`` holds (the one place field limits are read)."""
+        return cls._meta.get_field(field).max_length
+
     @property
     def time_to_decision(self):
         """How long the call waited for its outcome (``None`` while pending)."""
@@ -109,9 +179,10 @@ class Approval(models.Model):
         return self.decided_at - self.created_at
 
 
-class Decision(models.TextChoices):
-    ALLOW = "allow", _("allow")
-    DENY = "deny", _("deny")
+class RuleQuerySet(models.QuerySet):
+    def live(self, now: datetime | None = None) -> RuleQuerySet:
+        """Rules not past their ``expires_at`` (a rule without one never expires)."""
+        return self.exclude(expires_at__lte=now or timezone.now())
 
 
 class Rule(models.Model):
@@ -141,7 +212,7 @@ class Rule(models.Model):
             "Every key given must match."
         ),
     )
-    decision = models.CharField(_("decision"), max_length=8, choices=Decision.choices)
+    decision = models.CharField(_("decision"), max_length=8, choices=Answer.choices)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         verbose_name=_("created by"),
@@ -154,6 +225,8 @@ class Rule(models.Model):
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
     note = models.TextField(_("note"), blank=True)
+
+    objects = RuleQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("rule")

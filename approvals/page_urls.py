@@ -7,7 +7,7 @@ the JSON endpoints by their ``approvals:`` names.
 
 from django.urls import path
 
-from .inbox import inbox
+from .pages import inbox
 
 app_name = "approvals_page"
 urlpatterns = [

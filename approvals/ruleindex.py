@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .models import Decision
+from .models import Answer
 
 logger = logging.getLogger("approvals.rules")
 
@@ -127,7 +127,7 @@ def compile_rule(row: dict) -> CachedRule | None:
     if spec is not None and not isinstance(spec, dict):
         logger.warning("approvals: rule #%s ignored: arguments_match is not an object", row["pk"])
         return None
-    if row["decision"] not in Decision.values:
+    if row["decision"] not in Answer.values:
         logger.warning("approvals: rule #%s ignored: decision %r", row["pk"], row["decision"])
         return None
     patterns = [(str(key), as_text(p)) for key, p in (spec or {}).items()]
@@ -261,7 +261,7 @@ class RuleIndex:
         texts = ArgumentTexts(arguments)
         for bucket in self._buckets(user_id, session_id, tool_name):
             for rule in bucket.candidates(texts):
-                if rule.decision == Decision.DENY:
+                if rule.decision == Answer.DENY:
                     if (deny is None or rule.pk < deny.pk) and rule._fits(tool_name, texts, now):
                         deny = rule
                 elif (

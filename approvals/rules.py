@@ -36,8 +36,11 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 
+from . import listener
 from .conf import setting
-from .models import Decision, Rule
+from .errors import INVALID_FIELD, RequestError
+from .models import REMEMBER_SCOPES, Answer, Rule, Status
+from .permissions import may_decide_any
 from .ruleindex import CachedRule, RuleIndex, as_text, compile_pattern, compile_rule, matches
 
 __all__ = [
@@ -109,9 +112,8 @@ def _version() -> tuple:
 
 
 def _load() -> RuleIndex:
-    now = timezone.now()
     rows = (
-        Rule.objects.exclude(expires_at__lte=now)
+        Rule.objects.live()
         .order_by("pk")
         .values(
             "pk",
@@ -131,7 +133,7 @@ def _load() -> RuleIndex:
 def _normal_user_id(user_id: Any) -> Any:
     if user_id is None or type(user_id) is int:
         return user_id
-    from django.contrib.auth import get_user_model
+    from django.contrib.auth import get_user_model  # the user model is known only once apps load
 
     try:
         return get_user_model()._meta.pk.to_python(user_id)
@@ -164,7 +166,7 @@ def describe(rule: CachedRule | Rule) -> str:
     It names the rule and, when the rule has a note, ends with the note, so a
     deny rule's note tells the agent's model why.
     """
-    verb = "Allowed" if rule.decision == Decision.ALLOW else "Denied"
+    verb = "Allowed" if rule.decision == Answer.ALLOW else "Denied"
     text = f"{verb} by rule #{rule.pk} ({rule.tool_name})"
     return f"{text}: {rule.note}" if rule.note else text
 
@@ -181,24 +183,22 @@ def remember(row: dict, status: str, scope: str, by: Any, reason: str = "") -> R
     ``invalid_field``); either rolls the decision back. An
     identical remembered rule is reused rather than duplicated.
     """
-    if scope not in ("session", "always"):
+    if scope not in REMEMBER_SCOPES:
         raise ValueError(f'remember must be "session" or "always", not {scope!r}')
     if scope == "session" and not row["session_id"]:
-        from .validation import INVALID_FIELD, RequestError  # a ValueError with a code
-
         raise RequestError(
             INVALID_FIELD,
             'This call has no session, so "remember": "session" cannot apply; use "always".',
         )
     owner = row["user_id"]
     by_id = getattr(by, "pk", by)
-    if hasattr(by, "has_perm") and owner != by_id and not by.has_perm("approvals.decide_approval"):
+    if hasattr(by, "has_perm") and owner != by_id and not may_decide_any(by):
         raise PermissionDenied("only the call's user or a decider may remember this decision")
     fields = {
         "user_id": owner,
         "session_id": row["session_id"] if scope == "session" else "",
         "tool_name": row["tool_name"],
-        "decision": Decision.ALLOW if status == "allowed" else Decision.DENY,
+        "decision": Answer.ALLOW if status == Status.ALLOWED else Answer.DENY,
     }
     existing = Rule.objects.filter(
         **fields, arguments_match__isnull=True, expires_at__isnull=True
@@ -235,13 +235,23 @@ def clean_arguments_match(value: Any) -> dict | None:
     return value
 
 
+RULES_CHANGED = "rules_changed"
+
+
 def invalidate(local_only: bool = False) -> None:
-    """Drop this process's cached rules; unless ``local_only``, tell the others too."""
+    """Drop this process's cached rules; unless ``local_only``, tell the others too.
+
+    The others are told through this process's listener when one runs; every
+    process also notices a change within ``RULES_CACHE_SECONDS`` by itself.
+    """
     _cache.clear()
     if not local_only:
-        from . import listener
+        listener.dispatch({"type": RULES_CHANGED})
 
-        listener.get_listener().publish({"type": "rules_changed"})
+
+def connect() -> None:
+    """Hook the rule cache to the listener (called from ``AppConfig.ready``)."""
+    listener.on_message(RULES_CHANGED, lambda event: invalidate(local_only=True))
 
 
 @receiver(post_save, sender=Rule)

@@ -286,9 +286,9 @@ def test_a_decider_without_view_permission_still_sees_the_list(django_user_model
 
 @pytest.mark.django_db
 def test_select_across_confirms_only_pending_calls_and_caps_the_batch(decider, monkeypatch):
-    import approvals.admin
+    import approvals.admin.approval
 
-    monkeypatch.setattr(approvals.admin, "MAX_BATCH", 2)
+    monkeypatch.setattr(approvals.admin.approval, "MAX_BATCH", 2)
     _, client = decider
     now = timezone.now()
     oldest = [make_approval(created_at=now - timedelta(minutes=m)) for m in (9, 8, 7)]

@@ -9,7 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals.adminlist import date_hierarchy, format_duration
+from approvals.admin.dates import date_hierarchy
+from approvals.admin.filters import format_duration
 from approvals.models import Approval
 from tests.test_admin import CHANGELIST, make_approval, staff
 
@@ -62,9 +63,9 @@ def test_changelist_query_count_is_constant(decider, django_user_model):
 
 @pytest.mark.django_db
 def test_changelist_query_count_with_date_probes(decider, monkeypatch):
-    import approvals.adminlist
+    import approvals.admin.dates
 
-    monkeypatch.setattr(approvals.adminlist, "SMALL_LIST", 0)  # as with a long list
+    monkeypatch.setattr(approvals.admin.dates, "SMALL_LIST", 0)  # as with a long list
     _, client = decider
     make_approval()
     # The date hierarchy's index probes: one per day of this month (every row is from
@@ -122,9 +123,9 @@ def test_format_duration():
 def test_date_hierarchy_matches_djangos_own(decider, spread, small_list, monkeypatch):
     from django.contrib.admin.templatetags.admin_list import date_hierarchy as djangos
 
-    import approvals.adminlist
+    import approvals.admin.dates
 
-    monkeypatch.setattr(approvals.adminlist, "SMALL_LIST", small_list)
+    monkeypatch.setattr(approvals.admin.dates, "SMALL_LIST", small_list)
     _, client = decider
     base = timezone.now().replace(month=1, day=10, hour=12) - timedelta(days=900)
     for delta in spread:

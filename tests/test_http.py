@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals import gate, views
+from approvals.errors import RequestError
 from approvals.models import Approval, Rule
-from approvals.validation import RequestError
 
 CONFIRM = "/api/inference/tool-confirm"
 PENDING = "/api/inference/tool-approvals"

@@ -15,8 +15,8 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.inbox import CONTENT_SECURITY_POLICY, uses_django_csp
 from approvals.models import Approval
+from approvals.pages import CONTENT_SECURITY_POLICY, uses_django_csp
 
 pytestmark = pytest.mark.django_db
 

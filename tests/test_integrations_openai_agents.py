@@ -34,7 +34,6 @@ from openai.types.responses import (  # noqa: E402
 )
 
 from approvals import gate  # noqa: E402
-from approvals.decisions import abandon_orphans  # noqa: E402
 from approvals.integrations import approval_id_for  # noqa: E402
 from approvals.integrations.openai_agents import (  # noqa: E402
     aapply_decisions,
@@ -45,6 +44,7 @@ from approvals.integrations.openai_agents import (  # noqa: E402
 )
 from approvals.listener import get_listener  # noqa: E402
 from approvals.models import Approval  # noqa: E402
+from approvals.sweep import abandon_orphans  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 set_tracing_disabled(True)

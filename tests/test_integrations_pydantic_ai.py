@@ -29,7 +29,6 @@ from pydantic_ai import (  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 
 from approvals import gate  # noqa: E402
-from approvals.decisions import abandon_orphans  # noqa: E402
 from approvals.integrations import approval_id_for  # noqa: E402
 from approvals.integrations.pydantic_ai import (  # noqa: E402
     adeferred_results,
@@ -39,6 +38,7 @@ from approvals.integrations.pydantic_ai import (  # noqa: E402
 )
 from approvals.listener import get_listener  # noqa: E402
 from approvals.models import Approval  # noqa: E402
+from approvals.sweep import abandon_orphans  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

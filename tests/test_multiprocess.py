@@ -333,7 +333,7 @@ def _redis_server(port: int, folder) -> subprocess.Popen:
 def test_a_bad_group_prefix_is_refused_clearly():
     from django.core.exceptions import ImproperlyConfigured
 
-    from approvals.layerlink import LayerLink
+    from approvals.channellink import LayerLink
 
     for bad in ("has space", "a:b", "x" * 95):
         with pytest.raises(ImproperlyConfigured, match="GROUP_PREFIX"):

@@ -44,8 +44,7 @@ from . import (
     adefer_call,
     agate_call,
     aoutcomes,
-    approval_id_for,
-    choose_approval_id,
+    call_approval_id,
     defer_call,
     outcomes,
 )
@@ -85,7 +84,7 @@ def gate_tool(
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         target = options.target(ctx, ctx.context)
         call = ToolCall(name, _parse(arguments), ctx.tool_call_id or "")
-        approval_id = await sync_to_async(choose_approval_id)(target, call)
+        approval_id = await sync_to_async(call_approval_id)(target, call)
 
         async def run() -> Any:
             return await original(ctx, arguments)
@@ -96,7 +95,7 @@ def gate_tool(
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict, call_id: str) -> bool:
         target = options.target(ctx, ctx.context)
         call = ToolCall(name, dict(params), call_id or "")
-        approval_id = await sync_to_async(choose_approval_id)(target, call)
+        approval_id = await sync_to_async(call_approval_id)(target, call)
         verdict = await adefer_call(target, call, approval_id=approval_id, timeout=timeout)
         return verdict.pending
 
@@ -151,7 +150,7 @@ def defer_interruptions(
         call = _call(item)
         if call is None:
             continue
-        approval_id = approval_id_for(session_id, call.tool_call_id, call.tool_name)
+        approval_id = call_approval_id(target, call)
         result[call.tool_call_id] = defer_call(
             target, call, approval_id=approval_id, timeout=timeout
         )
@@ -186,7 +185,7 @@ def apply_decisions(state: Any, *, session_id: str, wait: bool = False) -> list:
 
 async def aapply_decisions(state: Any, *, session_id: str, wait: bool = False) -> list:
     """Async :func:`apply_decisions`; with ``wait=True`` it awaits without holding a thread."""
-    items, ids = _ids(state, session_id)
+    items, ids = await sync_to_async(_ids)(state, session_id)
     return _apply(state, items, ids, await aoutcomes(session_id, ids.values(), wait=wait))
 
 
@@ -196,7 +195,7 @@ def _ids(state: Any, session_id: str) -> tuple[list, dict[str, str]]:
         call = _call(item)
         if call is not None:
             items.append((item, call))
-            ids[call.tool_call_id] = approval_id_for(session_id, call.tool_call_id, call.tool_name)
+            ids[call.tool_call_id] = call_approval_id(Target(session_id), call)
     return items, ids
 
 

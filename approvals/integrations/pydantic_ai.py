@@ -41,11 +41,11 @@ from . import (
     Verdict,
     adefer_call,
     agate_call,
+    aoutcomes,
+    call_approval_id,
     defer_call,
     jsonable,
     outcomes,
-    pick_approval_id,
-    recorded_approval_id,
 )
 
 __all__ = [
@@ -106,12 +106,12 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
         # The run id keeps a provider's reused call ids from meeting an older run's row;
         # a durable engine replaying this run keeps its run id and so finds its row.
         scope = getattr(ctx, "run_id", None) or ""
-        approval_id = await sync_to_async(pick_approval_id)(target, call, None, scope)
+        approval_id = await sync_to_async(call_approval_id)(target, call, None, scope)
         return await agate_call(target, call, run, approval_id=approval_id, timeout=self.timeout)
 
     async def _deferred(self, target: Target, call: ToolCall, ctx: RunContext, run) -> Any:
         hint = _hint(getattr(ctx, "tool_call_metadata", None))
-        approval_id = await sync_to_async(pick_approval_id)(target, call, hint)
+        approval_id = await sync_to_async(call_approval_id)(target, call, hint)
         verdict = await adefer_call(target, call, approval_id=approval_id, timeout=self.timeout)
         if verdict.pending:
             raise ApprovalRequired(metadata={METADATA_KEY: approval_id})
@@ -175,7 +175,7 @@ def defer_requests(
     for part in requests.approvals:
         call = _call(part)
         meta = requests.metadata.setdefault(part.tool_call_id, {})
-        approval_id = pick_approval_id(target, call, meta.get(METADATA_KEY))
+        approval_id = call_approval_id(target, call, meta.get(METADATA_KEY))
         meta[METADATA_KEY] = approval_id
         result[part.tool_call_id] = defer_call(
             target, call, approval_id=approval_id, timeout=timeout
@@ -209,7 +209,7 @@ def deferred_results(
     """
     target = Target(session_id)
     ids = {
-        part.tool_call_id: recorded_approval_id(
+        part.tool_call_id: call_approval_id(
             target, _call(part), _hint(requests.metadata.get(part.tool_call_id))
         )
         for part in requests.approvals
@@ -222,15 +222,11 @@ async def adeferred_results(
     requests: DeferredToolRequests, *, session_id: str, wait: bool = False
 ) -> DeferredToolResults:
     """Async :func:`deferred_results`; with ``wait=True`` it awaits without holding a thread."""
-    from . import aoutcomes
-
     target = Target(session_id)
     ids = {}
     for part in requests.approvals:
         hint = _hint(requests.metadata.get(part.tool_call_id))
-        ids[part.tool_call_id] = await sync_to_async(recorded_approval_id)(
-            target, _call(part), hint
-        )
+        ids[part.tool_call_id] = await sync_to_async(call_approval_id)(target, _call(part), hint)
     verdicts = await aoutcomes(session_id, ids.values(), wait=wait)
     return _results(ids, verdicts)
 

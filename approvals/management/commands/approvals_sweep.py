@@ -1,7 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from approvals.conf import setting
-from approvals.decisions import abandon_orphans, expire_overdue
+from approvals.sweep import sweep
 
 
 class Command(BaseCommand):
@@ -20,7 +19,5 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        lease = options["lease_timeout"] or setting("LEASE_TIMEOUT")
-        expired = expire_overdue()
-        abandoned = abandon_orphans(lease)
+        expired, abandoned = sweep(options["lease_timeout"] or None)
         self.stdout.write(f"expired {expired}, abandoned {abandoned}")

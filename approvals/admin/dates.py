@@ -1,89 +1,24 @@
-"""What the approvals changelist needs to stay fast at millions of rows.
+"""The changelist's date hierarchy, built from index probes.
 
-List filters that never scan the table, a date hierarchy built from index
-probes instead of Django's ``SELECT DISTINCT`` over every row, and the CSV
-export an auditor takes away. Used by :mod:`approvals.admin`.
+Django's own runs a ``SELECT DISTINCT`` over every row to find the years,
+months and days that have calls; at millions of rows that is seconds. This one
+asks the creation-time index whether each period has a row.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib import admin
-from django.db.models import Q, QuerySet
-from django.http import HttpRequest, StreamingHttpResponse
+from django.db.models import QuerySet
 from django.utils import formats, timezone
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from .models import Approval, Status
-
-#: The tool filter offers the tool names of this many latest calls (a bounded query).
-TOOL_SAMPLE = 5000
 DATE_FIELD = "created_at"
 #: Up to this many rows in the list, the date hierarchy reads their dates instead of probing.
 SMALL_LIST = 1000
-
-
-class AwaitingFilter(admin.SimpleListFilter):
-    """The quick filter: calls a person can still answer."""
-
-    title = _("awaiting a decision")
-    parameter_name = "awaiting"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list:
-        return [("yes", _("Yes")), ("no", _("No"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        open_ = Q(status=Status.PENDING, expires_at__gt=timezone.now())
-        if self.value() == "yes":
-            return queryset.filter(open_)
-        if self.value() == "no":
-            return queryset.exclude(open_)
-        return queryset
-
-
-class RecentValuesFieldListFilter(admin.AllValuesFieldListFilter):
-    """Django's "all values" filter, offering the values of the latest calls only.
-
-    Django's own runs a ``DISTINCT`` over every row to list the choices; this one
-    reads the latest ``TOOL_SAMPLE`` rows through the creation-time index. The
-    URL parameter and the filtering are Django's (``?tool_name=…``).
-    """
-
-    def __init__(self, field, request, params, model, model_admin, field_path) -> None:
-        super().__init__(field, request, params, model, model_admin, field_path)
-        latest = model._default_manager.order_by("-created_at").values_list(field.name, flat=True)
-        values = set(latest[:TOOL_SAMPLE])
-        chosen = self.lookup_val or []
-        values.update([chosen] if isinstance(chosen, str) else chosen)
-        self.lookup_choices = sorted(v for v in values if v is not None)
-
-
-def format_duration(value: timedelta | None) -> str:
-    """A short human duration: ``"0.4 s"``, ``"12 s"``, ``"3 min 4 s"``, ``"2 h 5 min"``."""
-    if value is None:
-        return "—"
-    seconds = value.total_seconds()
-    if seconds < 10:
-        return f"{max(seconds, 0):.1f} s"
-    minutes, sec = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min {sec} s"
-    return f"{sec} s"
-
-
-# -- date hierarchy ------------------------------------------------------------
 
 
 def _start(year: int, month: int = 1, day: int = 1) -> datetime:
@@ -232,76 +167,3 @@ def _levels(cl: Any) -> dict:
 
 
 # -- CSV export ----------------------------------------------------------------
-
-CSV_COLUMNS = (
-    "approval_id",
-    "session_id",
-    "user",
-    "tool_name",
-    "tool_call_id",
-    "arguments",
-    "status",
-    "decided_via",
-    "decided_by",
-    "reason",
-    "created_at",
-    "decided_at",
-    "expires_at",
-    "seconds_to_decision",
-)
-
-
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
-def _csv_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    text = str(value)
-    # A spreadsheet would run a cell starting like a formula; agents write these values.
-    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + text
-    return text
-
-
-def _csv_row(a: Approval) -> list[str]:
-    waited = a.time_to_decision
-    values = (
-        a.approval_id,
-        a.session_id,
-        a.user.get_username() if a.user else "",
-        a.tool_name,
-        a.tool_call_id,
-        json.dumps(a.arguments, ensure_ascii=False, sort_keys=True),
-        a.status,
-        a.decided_via,
-        a.decided_by.get_username() if a.decided_by else "",
-        a.reason,
-        a.created_at.isoformat(),
-        a.decided_at.isoformat() if a.decided_at else "",
-        a.expires_at.isoformat(),
-        f"{waited.total_seconds():.3f}" if waited is not None else "",
-    )
-    return [_csv_cell(v) for v in values]
-
-
-def csv_rows(queryset: QuerySet):
-    """The header, then one row per approval, oldest first (fetched in chunks)."""
-    yield list(CSV_COLUMNS)
-    rows = queryset.select_related("user", "decided_by").order_by("created_at", "pk")
-    for approval in rows.iterator(chunk_size=2000):
-        yield _csv_row(approval)
-
-
-def csv_response(queryset: QuerySet) -> StreamingHttpResponse:
-    """A streamed CSV download of ``queryset`` with every audit column."""
-    writer = csv.writer(_Echo())
-    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-    response = StreamingHttpResponse(
-        (writer.writerow(row) for row in csv_rows(queryset)),
-        content_type="text/csv; charset=utf-8",
-    )
-    response["Content-Disposition"] = f'attachment; filename="approvals-{stamp}.csv"'
-    return response

@@ -1,4 +1,4 @@
-"""The process listener's link to the other processes over the channel layer.
+"""The channel-layer link: how the process listener reaches the other processes.
 
 One per process, on one event loop in one thread: it never starts a loop (or a
 Redis pool) per message. It uses its own layer instance, so its receive loop
@@ -20,6 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
 logger = logging.getLogger("approvals.listener")
 _GROUP_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 
@@ -37,8 +40,6 @@ class LayerLink:
 
     def __init__(self, layer: Any, group: str, on_message: Callable[[dict], None]) -> None:
         if not _GROUP_NAME.fullmatch(group) or len(group) >= 100:
-            from django.core.exceptions import ImproperlyConfigured
-
             raise ImproperlyConfigured(
                 f"The channel-layer group {group!r} is not valid: APPROVALS['GROUP_PREFIX'] "
                 "may hold only letters, digits, '.', '_' and '-', at most 90 characters."
@@ -180,6 +181,21 @@ class LayerLink:
                 pass  # the receive loop reports and retries
 
 
+def is_in_memory(alias: str) -> bool:
+    """True when the layer ``alias`` is configured as Channels' in-memory layer."""
+    from channels.layers import InMemoryChannelLayer, channel_layers
+
+    config = channel_layers.configs.get(alias) or {}
+    path = config.get("BACKEND")
+    if not path:
+        return False
+    try:
+        backend = import_string(path)
+    except ImportError:
+        return False
+    return isinstance(backend, type) and issubclass(backend, InMemoryChannelLayer)
+
+
 def own_layer_instance(alias: str) -> Any:
     """A fresh layer instance for the listener, or ``None`` without a cross-process layer.
 
@@ -189,29 +205,25 @@ def own_layer_instance(alias: str) -> Any:
     Redis through ``channels_redis``'s pub/sub layer instead: its events are
     hints backed by the database, so at-most-once pub/sub is enough, and it
     is several times faster than the list-based layer (no per-channel queue to
-    pop, no capacity to overflow). Any other backend is used as configured.
+    pop, no capacity to overflow). Any other backend is made as configured.
     """
-    from channels.layers import InMemoryChannelLayer
-    from django.conf import settings
-    from django.utils.module_loading import import_string
+    from channels.layers import channel_layers
 
-    configs = getattr(settings, "CHANNEL_LAYERS", None) or {}
-    if alias not in configs or not configs[alias].get("BACKEND"):
+    config = channel_layers.configs.get(alias) or {}
+    path = config.get("BACKEND")
+    if not path or is_in_memory(alias):
         return None
-    path = configs[alias]["BACKEND"]
-    config = dict(configs[alias].get("CONFIG", {}) or {})
+    options = dict(config.get("CONFIG", {}) or {})
     if path.endswith("core.RedisChannelLayer"):
         from channels_redis.pubsub import RedisPubSubChannelLayer
 
         kept = ("prefix", "symmetric_encryption_keys", "serializer_format")
-        options = {key: config[key] for key in kept if key in config}
-        return RedisPubSubChannelLayer(hosts=_with_read_timeout(config.get("hosts")), **options)
-    backend = import_string(path)
-    if issubclass(backend, InMemoryChannelLayer):
-        return None
+        kwargs = {key: options[key] for key in kept if key in options}
+        return RedisPubSubChannelLayer(hosts=_with_read_timeout(options.get("hosts")), **kwargs)
     if path.endswith("pubsub.RedisPubSubChannelLayer"):
-        config["hosts"] = _with_read_timeout(config.get("hosts"))
-    return backend(**config)
+        options["hosts"] = _with_read_timeout(options.get("hosts"))
+        return import_string(path)(**options)
+    return channel_layers.make_backend(alias)
 
 
 def _with_read_timeout(hosts: Any) -> list:

@@ -1,9 +1,10 @@
-"""Checking a person's decision request, the same way for HTTP and WebSocket.
+"""What clients send: reading and checking a person's decision, the same for HTTP and WebSocket.
 
-Both entry points parse the client's JSON with :func:`parse_json` and check it
-with :func:`parse_decision`; anything wrong raises :class:`RequestError` with a
-stable ``code`` and a sentence for a person. Nothing is decided until a request
-has passed every check.
+Both entry points parse the client's JSON with :func:`parse_json`, check it
+with :func:`parse_decision`, and decide it with :func:`decide_request`;
+anything wrong raises :class:`~approvals.errors.RequestError` with a stable
+``code`` (:mod:`approvals.errors`) and a sentence for a person. Nothing is
+decided until a request has passed every check.
 """
 
 from __future__ import annotations
@@ -13,39 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .conf import setting
-from .decisions import REMEMBER_SCOPES
-
-#: Error codes shared by the HTTP endpoint and the WebSocket consumer.
-INVALID_JSON = "invalid_json"
-MISSING_FIELD = "missing_field"
-INVALID_FIELD = "invalid_field"
-INVALID_DECISION = "invalid_decision"
-TOO_LARGE = "too_large"
-AUTHENTICATION_REQUIRED = "authentication_required"
-NOT_FOUND = "not_found"
-ALREADY_DECIDED = "already_decided"
-UNKNOWN_TYPE = "unknown_type"
-METHOD_NOT_ALLOWED = "method_not_allowed"
-CSRF_FAILED = "csrf_failed"
-DATABASE_UNAVAILABLE = "database_unavailable"
-
-ERROR_DETAILS = {
-    AUTHENTICATION_REQUIRED: "Sign in to see or decide tool calls.",
-    NOT_FOUND: "No pending tool call with that approval_id is visible to you.",
-    ALREADY_DECIDED: "That tool call was already decided; the first decision stands.",
-    METHOD_NOT_ALLOWED: "This endpoint accepts only POST.",
-    CSRF_FAILED: "The CSRF check failed: send the csrftoken cookie's value in X-CSRFToken.",
-    DATABASE_UNAVAILABLE: "The database could not be reached, so nothing was decided. Try again.",
-}
-
-
-class RequestError(ValueError):
-    """A client mistake: ``code`` is stable, ``detail`` is for a person."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
+from .decisions import Outcome, decide
+from .errors import (
+    INVALID_DECISION,
+    INVALID_FIELD,
+    INVALID_JSON,
+    MISSING_FIELD,
+    TOO_LARGE,
+    RequestError,
+)
+from .models import ANSWER_STATUS, REMEMBER_SCOPES, Approval, status_for_answer
 
 
 @dataclass(frozen=True)
@@ -102,11 +80,11 @@ def _string(data: dict, name: str, *, required: bool, limit: int) -> str | None:
 
 def parse_decision(data: dict) -> DecisionRequest:
     """Check a decision request's fields; raise :class:`RequestError` on the first problem."""
-    approval_id = _string(data, "approval_id", required=True, limit=128)
+    approval_id = _string(data, "approval_id", required=True, limit=Approval.limit("approval_id"))
     decision = _string(data, "decision", required=True, limit=16)
-    if decision not in ("allow", "deny"):
+    if decision not in ANSWER_STATUS:
         raise RequestError(INVALID_DECISION, 'The field "decision" must be "allow" or "deny".')
-    session_id = _string(data, "session_id", required=False, limit=255)
+    session_id = _string(data, "session_id", required=False, limit=Approval.limit("session_id"))
     reason = _string(data, "reason", required=False, limit=setting("MAX_REASON_LENGTH")) or ""
     remember = _string(data, "remember", required=False, limit=16)
     if remember is not None and remember not in REMEMBER_SCOPES:
@@ -114,3 +92,32 @@ def parse_decision(data: dict) -> DecisionRequest:
             INVALID_FIELD, 'The field "remember" must be "session", "always" or absent.'
         )
     return DecisionRequest(approval_id, decision, session_id, reason, remember)
+
+
+def decide_request(ask: DecisionRequest, user: Any, via: str) -> Outcome:
+    """Decide a checked request on behalf of ``user``, who must be allowed to see the call."""
+    return decide(
+        ask.approval_id,
+        status_for_answer(ask.decision),
+        via=via,
+        by=user,
+        viewer=user,
+        reason=ask.reason,
+        session_id=ask.session_id,
+        remember=ask.remember,
+    )
+
+
+def session_filter(value: str | None) -> str | None:
+    """A ``?session_id=`` filter: ``None`` when absent or empty; ``RequestError`` when it
+    cannot name a session (too long, or holding a NUL)."""
+    if not value:
+        return None
+    limit = Approval.limit("session_id")
+    if len(value) > limit:
+        raise RequestError(
+            INVALID_FIELD, f"The parameter 'session_id' is longer than {limit} characters."
+        )
+    if "\x00" in value:
+        raise RequestError(INVALID_FIELD, "The parameter 'session_id' contains a NUL character.")
+    return value

@@ -20,9 +20,10 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from .conf import setting
-from .decisions import visible_to
-from .models import Status
+from . import payloads
+from .errors import RequestError
+from .models import Approval
+from .wsroute import inbox_websocket_url
 
 #: How many recent decisions the page lists below the pending calls.
 HISTORY_LENGTH = 12
@@ -48,18 +49,16 @@ _DJANGO_CSP_MIDDLEWARE = "django.middleware.csp.ContentSecurityPolicyMiddleware"
 
 
 def _session_filter(request: HttpRequest) -> str:
-    value = request.GET.get("session_id", "")
-    # An over-long or odd value cannot match a session; show it as no filter.
-    if len(value) > 255 or "\x00" in value:
+    try:
+        return payloads.session_filter(request.GET.get("session_id")) or ""
+    except RequestError:  # it cannot match a session: the page shows every session
         return ""
-    return value
 
 
 def recent_decisions(user: Any, session_id: str = "", limit: int = HISTORY_LENGTH) -> list:
     """The most recent decided calls ``user`` may see, newest first."""
-    qs = visible_to(user).exclude(status=Status.PENDING).select_related("decided_by")
-    if session_id:
-        qs = qs.filter(session_id=session_id)
+    qs = Approval.objects.visible_to(user).decided().in_session(session_id)
+    qs = qs.select_related("decided_by")
     return list(qs.order_by("-decided_at", "-pk")[:limit])
 
 
@@ -103,7 +102,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         # Given here, so the page works without the "request" context processor.
         "viewer": request.user,
         "page_path": request.path,
-        "websocket_url": setting("INBOX_WEBSOCKET_URL"),
+        "websocket_url": inbox_websocket_url(),
         "history": recent_decisions(request.user, session_id),
         "login_url": resolve_url(settings.LOGIN_URL),
         "server_time": timezone.now().isoformat(),

@@ -1,4 +1,4 @@
-"""Waiting slots and cancel hooks: how one waiter sleeps until its answer.
+"""Waiting: how one gated call sleeps in this process until its answer, and cancel hooks.
 
 A :class:`Slot` is registered for an approval before its row is written.
 Whoever learns the outcome (the deciding thread after commit, the process
@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+
+from ._compat import hook_event_set
 
 #: What a woken waiter finds when it was cancelled rather than decided.
 INTERRUPTED = "interrupted"
@@ -125,7 +127,7 @@ def on_set(event: Any, callback: Callable[[], None]) -> Callable[[], None]:
             callback()
 
     if isinstance(event, threading.Event):
-        remove = _hook_condition(event, once)
+        remove = hook_event_set(event, once)
     elif isinstance(event, asyncio.Event):
         remove = _hook_asyncio_event(event, once)
     else:
@@ -133,37 +135,6 @@ def on_set(event: Any, callback: Callable[[], None]) -> Callable[[], None]:
     if event.is_set():
         once()
     return remove
-
-
-class _HookedCondition:
-    """A stand-in for an Event's condition that runs hooks on ``notify_all``."""
-
-    def __init__(self, inner: threading.Condition) -> None:
-        self._inner = inner
-        self.hooks: list[Callable[[], None]] = []
-
-    def __enter__(self) -> Any:
-        return self._inner.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._inner.__exit__(*exc)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def notify_all(self) -> None:
-        self._inner.notify_all()
-        for hook in list(self.hooks):
-            hook()
-
-
-def _hook_condition(event: threading.Event, once: Callable[[], None]) -> Callable[[], None]:
-    cond = event._cond  # set() always notifies through this attribute
-    if not isinstance(cond, _HookedCondition):
-        cond = _HookedCondition(cond)
-        event._cond = cond
-    cond.hooks.append(once)
-    return lambda: _discard(cond.hooks, once)
 
 
 def _hook_asyncio_event(event: asyncio.Event, once: Callable[[], None]) -> Callable[[], None]:

@@ -1,4 +1,4 @@
-"""The admin: a read-only audit trail of approvals, with bulk allow/deny for deciders.
+"""The approvals admin: a read-only audit trail, with bulk allow/deny for deciders.
 
 Nobody (superusers included) may add, change or delete an ``Approval`` here:
 the rows are an audit log. Users with ``approvals.decide_approval`` get the
@@ -21,17 +21,14 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from . import decisions
-from .adminlist import (
-    AwaitingFilter,
-    RecentValuesFieldListFilter,
-    csv_response,
-    date_hierarchy,
-    format_duration,
-)
-from .conf import setting
-from .models import Approval, ProcessLease, Rule, Status, Via
-from .ruleforms import RuleForm, RuleScopeFilter, RuleStateFilter
+from .. import listener
+from ..conf import setting
+from ..decisions import decide
+from ..models import Approval, Status, Via, status_for_answer
+from ..permissions import may_decide_any
+from .dates import date_hierarchy
+from .export import csv_response
+from .filters import AwaitingFilter, RecentValuesFieldListFilter, format_duration
 
 #: The most pending calls one confirmation page carries (oldest first).
 MAX_BATCH = 1000
@@ -111,7 +108,7 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     def has_decide_permission(self, request: HttpRequest) -> bool:
         """May this user allow or deny calls (``approvals.decide_approval``)?"""
-        return request.user.has_perm("approvals.decide_approval")
+        return may_decide_any(request.user)
 
     # -- columns -------------------------------------------------------------
 
@@ -187,11 +184,12 @@ class ApprovalAdmin(admin.ModelAdmin):
     def _decide_each(
         self, request: HttpRequest, queryset: QuerySet, answer: str, reason: str
     ) -> tuple[int, int]:
-        status = decisions.status_for_answer(answer)
+        status = status_for_answer(answer)
         pending = queryset.filter(status=Status.PENDING).order_by("created_at", "pk")
+        listener.get_listener()  # this process will announce the decisions: its listener runs
         won = []
         for pk, approval_id in pending.values_list("pk", "approval_id"):
-            outcome = decisions.decide(
+            outcome = decide(
                 approval_id,
                 status,
                 via=Via.ADMIN,
@@ -242,117 +240,3 @@ class ApprovalAdmin(admin.ModelAdmin):
         return TemplateResponse(
             request, "admin/approvals/approval/decide_selected_confirmation.html", context
         )
-
-
-@admin.register(ProcessLease)
-class ProcessLeaseAdmin(admin.ModelAdmin):
-    """The processes that may hold waiting calls, and when each last beat."""
-
-    list_display = ("key", "hostname", "pid", "started_at", "heartbeat_at")
-    ordering = ("-heartbeat_at",)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-# -- rules ---------------------------------------------------------------------
-# Users with ``approvals.decide_approval`` (and superusers) manage every rule;
-# everyone else sees, edits and creates only rules for themselves.
-
-
-@admin.register(Rule)
-class RuleAdmin(admin.ModelAdmin):
-    """Standing answers: who, which session, which tool (and arguments), allow or deny."""
-
-    form = RuleForm
-    list_display = (
-        "tool_name",
-        "decision",
-        "user_display",
-        "session_display",
-        "arguments_display",
-        "created_by",
-        "created_at",
-        "expires_at",
-        "note",
-    )
-    list_filter = (
-        RuleStateFilter,
-        "decision",
-        RuleScopeFilter,
-        ("created_at", admin.DateFieldListFilter),
-    )
-    search_fields = ("tool_name", "session_id", "note")
-    list_select_related = ("user", "created_by")
-    ordering = ("-created_at", "-pk")
-    fields = (*RuleForm.Meta.fields, "created_by", "created_at", "updated_at")
-    readonly_fields = ("created_by", "created_at", "updated_at")
-
-    def manages_all(self, request: HttpRequest) -> bool:
-        """May this user see and edit every rule, not only their own?"""
-        return decisions.may_decide_any(request.user)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        qs = super().get_queryset(request)
-        return qs if self.manages_all(request) else qs.filter(user_id=request.user.pk)
-
-    def get_search_fields(self, request: HttpRequest) -> tuple:
-        return (*self.search_fields, f"user__{request.user.USERNAME_FIELD}")
-
-    def _mine(self, request: HttpRequest, obj: Any) -> bool:
-        return obj is None or self.manages_all(request) or obj.user_id == request.user.pk
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        allowed = super().has_view_permission(request, obj) or self.manages_all(request)
-        return allowed and self._mine(request, obj)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return super().has_add_permission(request) or self.manages_all(request)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        allowed = super().has_change_permission(request, obj) or self.manages_all(request)
-        return allowed and self._mine(request, obj)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        allowed = super().has_delete_permission(request, obj) or self.manages_all(request)
-        return allowed and self._mine(request, obj)
-
-    def get_form(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> type:
-        form = super().get_form(request, obj, **kwargs)
-        editor = {"editor": request.user, "manages_all": self.manages_all(request)}
-        return type(form.__name__, (form,), editor)
-
-    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
-        if db_field.name == "user" and not self.manages_all(request):
-            users = db_field.remote_field.model._default_manager
-            kwargs.update(queryset=users.filter(pk=request.user.pk), required=True)
-            kwargs["empty_label"] = None
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-    def get_changeform_initial_data(self, request: HttpRequest) -> dict:
-        return {"user": request.user.pk, **super().get_changeform_initial_data(request)}
-
-    def save_model(self, request: HttpRequest, obj: Rule, form: Any, change: bool) -> None:
-        if not change:
-            obj.created_by = request.user
-        super().save_model(request, obj, form, change)
-
-    @admin.display(description=_("user"), ordering="user")
-    def user_display(self, obj: Rule) -> str:
-        return str(obj.user) if obj.user_id else _("every user")
-
-    @admin.display(description=_("session"), ordering="session_id")
-    def session_display(self, obj: Rule) -> str:
-        return obj.session_id or _("every session")
-
-    @admin.display(description=_("arguments match"))
-    def arguments_display(self, obj: Rule) -> str:
-        if not obj.arguments_match:
-            return "—"
-        return json.dumps(obj.arguments_match, ensure_ascii=False, sort_keys=True)

@@ -1,0 +1,111 @@
+"""The database tail: rows created or decided since this process last looked.
+
+Without a cross-process channel layer this is how a process learns of calls
+gated and decided elsewhere; with one, it is the safety net behind it. One
+query per look for the whole process, never one per waiter or per socket.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.db.models import F, Max, Q
+from django.utils import timezone
+
+from . import events
+from .models import Approval, Status
+
+_HOLE_SECONDS = 30.0
+_DECIDED_OVERLAP = timedelta(seconds=10)
+_START_OVERLAP = timedelta(seconds=5)
+
+
+def decided_among(approval_ids: list[str]) -> list[dict]:
+    events = []
+    for start in range(0, len(approval_ids), 500):
+        chunk = approval_ids[start : start + 500]
+        qs = Approval.objects.filter(approval_id__in=chunk).exclude(status=Status.PENDING)
+        events.extend(decision_events(qs))
+    return events
+
+
+_DECISION_FIELDS = ("approval_id", "session_id", "user_id", "status", "decided_via", "reason")
+
+
+def decision_events(qs) -> list[dict]:
+    """``tool_decision`` events for decided rows, with who decided, in one query."""
+    name = F(f"decided_by__{get_user_model().USERNAME_FIELD}")
+    rows = qs.annotate(decided_by_name=name).values(*_DECISION_FIELDS, "decided_by_name")
+    return [
+        events.tool_decision(
+            row, row["status"], row["decided_via"], row["decided_by_name"], row["reason"]
+        )
+        for row in rows
+    ]
+
+
+class DatabaseTail:
+    """Rows created or decided since the last look, found by id and by decided_at."""
+
+    def __init__(self) -> None:
+        self.reset_created()
+        self.reset_decided()
+
+    def reset_created(self) -> None:
+        self.last_pk: int | None = None
+        self.holes: dict[int, float] = {}
+
+    def reset_decided(self) -> None:
+        self.decided_mark = None
+
+    def poll_created(self) -> list[dict]:
+        if self.last_pk is None:
+            # Start a little in the past: a socket that subscribed and read its
+            # snapshot just before this first look must not miss a row committed
+            # in between (it drops what its snapshot already holds).
+            start = timezone.now() - _START_OVERLAP
+            older = Approval.objects.filter(created_at__lt=start)
+            self.last_pk = older.aggregate(m=Max("pk"))["m"] or 0
+        out: list[dict] = []
+        fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
+        query = Q(pk__gt=self.last_pk)
+        if self.holes:
+            query |= Q(pk__in=list(self.holes))
+        rows = list(Approval.objects.filter(query).order_by("pk").values(*fields)[:2000])
+        now = time.monotonic()
+        for row in rows:
+            self.holes.pop(row["pk"], None)
+            if row["pk"] > self.last_pk:
+                # Ids are handed out before commit: a gap may still fill in.
+                for missing in range(self.last_pk + 1, row["pk"]):
+                    self.holes[missing] = now
+                self.last_pk = row["pk"]
+            out.append(events.tool_start(row))
+        self.holes = {pk: t for pk, t in self.holes.items() if now - t < _HOLE_SECONDS}
+        return out
+
+    def poll_decided(self, known: Callable[[str, str], bool]) -> list[dict]:
+        """``tool_decision`` events for rows decided lately that ``known`` has not seen.
+
+        ``decided_at`` is set before commit, so each look reaches back
+        ``_DECIDED_OVERLAP``; a first light query finds what is new, and only
+        that is read in full.
+        """
+        mark = timezone.now()
+        if self.decided_mark is None:
+            self.decided_mark = mark - _START_OVERLAP
+        recent = Approval.objects.filter(
+            decided_at__gte=self.decided_mark - _DECIDED_OVERLAP
+        ).exclude(status=Status.PENDING)
+        new = [
+            aid
+            for aid, status in recent.values_list("approval_id", "status")
+            if not known(aid, status)
+        ]
+        self.decided_mark = mark
+        if not new:
+            return []
+        return decided_among(new)

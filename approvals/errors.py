@@ -1,0 +1,47 @@
+"""The client error protocol: stable codes, a sentence for each, and the error that carries them.
+
+HTTP answers, WebSocket replies and the rule logic all speak these codes, so a
+client handles one vocabulary. This module imports nothing else of the app.
+"""
+
+from __future__ import annotations
+
+INVALID_JSON = "invalid_json"
+MISSING_FIELD = "missing_field"
+INVALID_FIELD = "invalid_field"
+INVALID_DECISION = "invalid_decision"
+TOO_LARGE = "too_large"
+AUTHENTICATION_REQUIRED = "authentication_required"
+NOT_FOUND = "not_found"
+ALREADY_DECIDED = "already_decided"
+UNKNOWN_TYPE = "unknown_type"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+CSRF_FAILED = "csrf_failed"
+DATABASE_UNAVAILABLE = "database_unavailable"
+
+#: The sentence sent with a code when the raiser gave none more precise.
+DETAILS = {
+    AUTHENTICATION_REQUIRED: "Sign in to see or decide tool calls.",
+    NOT_FOUND: "No pending tool call with that approval_id is visible to you.",
+    ALREADY_DECIDED: "That tool call was already decided; the first decision stands.",
+    METHOD_NOT_ALLOWED: "This endpoint accepts only POST.",
+    CSRF_FAILED: "The CSRF check failed: send the csrftoken cookie's value in X-CSRFToken.",
+    DATABASE_UNAVAILABLE: "The database could not be reached, so nothing was decided. Try again.",
+}
+
+
+def detail_for(code: str) -> str:
+    """The default sentence for ``code``."""
+    return DETAILS.get(code, "The request failed.")
+
+
+class RequestError(ValueError):
+    """A client mistake: ``code`` is stable, ``detail`` is for a person.
+
+    A ``ValueError``, so code that calls the app from Python can catch it as one.
+    """
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail

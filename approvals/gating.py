@@ -1,0 +1,139 @@
+"""Gating one call, behind :mod:`approvals.gate`: check it, write its row, finish its wait.
+
+The order that makes the gate race-free lives here: the waiter's slot is
+registered before the row is written, and the row is announced only after it
+commits, so a decision arriving at any moment after is never lost.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections
+from django.utils import timezone
+
+from . import announce, knownrows, rules
+from .aftercommit import atomic_then
+from .conf import setting
+from .decisions import decide
+from .listener import Listener
+from .models import Approval, Status, Via, status_for_answer
+from .waiting import INTERRUPTED, Slot
+
+
+def gate_call(listener: Listener, details: dict[str, Any], seconds: float) -> Slot:
+    """Register a slot, write the row (already decided when a rule answers), announce it.
+
+    An ``approval_id`` already written resumes that call instead (see :func:`resume`).
+    """
+    rule = rules.match(
+        details["user_id"], details["session_id"], details["tool_name"], details["arguments"]
+    )
+    now = timezone.now()
+    expires_at = now + timedelta(seconds=seconds)
+    slot = listener.register(Slot(details["approval_id"], expires_at))
+    fields = {**details, "created_at": now, "expires_at": expires_at, "waiter": listener.key}
+    if rule is not None:
+        fields.update(
+            status=status_for_answer(rule.decision),
+            decided_via=Via.RULE,
+            reason=rules.describe(rule),
+            decided_at=now,
+            waiter="",
+        )
+    try:
+        with atomic_then([]) as after:
+            approval = Approval.objects.create(**fields)
+            after.append(lambda: announce.call_gated(approval))
+        knownrows.remember(approval)
+    except IntegrityError:
+        return resume(listener, slot, details["session_id"], details["approval_id"])
+    except BaseException:
+        listener.unregister(slot)
+        raise
+    if rule is not None:
+        slot.set(approval.status)
+        listener.unregister(slot)  # answered: nothing to wait for, even if wait is skipped
+    return slot
+
+
+def resume(listener: Listener, slot: Slot, session_id: str, approval_id: str) -> Slot:
+    """Wait again for a call already written: its outcome if decided, else for it."""
+    row = (
+        Approval.objects.filter(approval_id=approval_id)
+        .values("session_id", "status", "expires_at")
+        .first()
+    )
+    if row is None or row["session_id"] != session_id:
+        listener.unregister(slot)
+        raise ValueError(f"approval_id {approval_id!r} is already used by another session")
+    slot.expires_at = row["expires_at"]
+    if row["status"] != Status.PENDING:
+        slot.set(row["status"])
+    else:
+        Approval.objects.filter(approval_id=approval_id, status=Status.PENDING).update(
+            waiter=listener.key
+        )
+        fresh = Approval.objects.filter(approval_id=approval_id).values("status").first()
+        if fresh and fresh["status"] != Status.PENDING:
+            slot.set(fresh["status"])
+    return slot
+
+
+def finish(slot: Slot, approval_id: str, outcome: str | None) -> str:
+    """Turn what woke the waiter into the call's final status, recording it if ours."""
+    if outcome is not None and outcome != INTERRUPTED:
+        return outcome
+    status = Status.CANCELLED if outcome == INTERRUPTED else Status.EXPIRED
+    via = Via.CANCEL if outcome == INTERRUPTED else Via.TIMEOUT
+    result = decide(approval_id, status, via=via)
+    return result.status or status
+
+
+def remaining(slot: Slot, timeout: float | None) -> float:
+    left = float("inf")
+    if slot.expires_at is not None:
+        left = (slot.expires_at - timezone.now()).total_seconds()
+    if timeout is not None:
+        left = min(left, float(timeout))
+    return max(0.0, left)
+
+
+def decision_timeout(timeout: float | None) -> float:
+    value = setting("DECISION_TIMEOUT") if timeout is None else timeout
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def check_details(session_id, approval_id, tool_name, tool_call_id, arguments) -> None:
+    for name, value in (
+        ("session_id", session_id),
+        ("approval_id", approval_id),
+        ("tool_name", tool_name),
+        ("tool_call_id", tool_call_id),
+    ):
+        limit = Approval.limit(name)
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+        if len(value) > limit:
+            raise ValueError(f"{name} is longer than {limit} characters")
+    if not approval_id:
+        raise ValueError("approval_id must not be empty")
+    if arguments is not None:
+        try:
+            json.dumps(arguments)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"arguments must be JSON-serialisable: {exc}") from None
+
+
+def with_db_cleanup(fn):
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            connections.close_all()
+
+    return run
