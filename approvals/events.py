@@ -17,6 +17,9 @@ PENDING_FIELDS = (
     "arguments",
     "created_at",
     "expires_at",
+    "description",
+    "editable",
+    "arguments_schema",
 )
 
 
@@ -30,6 +33,8 @@ def pending_item(approval: Any) -> dict:
     item = {name: get(name) for name in PENDING_FIELDS}
     item["created_at"] = iso(item["created_at"])
     item["expires_at"] = iso(item["expires_at"])
+    if item["arguments_schema"] is None:  # carried only when the call has one
+        del item["arguments_schema"]
     return item
 
 

@@ -19,6 +19,7 @@ from asgiref.sync import sync_to_async
 
 from .decisions import decide
 from .gating import (
+    check_context,
     check_details,
     decision_timeout,
     finish,
@@ -76,6 +77,10 @@ def begin_tool_decision(
     user: Any = None,
     tool_call_id: str = "",
     timeout: float | None = None,
+    description: str = "",
+    editable: bool = False,
+    arguments_schema: dict | None = None,
+    agent_key: Any = None,
 ) -> Slot:
     """Gate one call: register the waiter, write the pending row, then announce it.
 
@@ -84,8 +89,15 @@ def begin_tool_decision(
     is written already decided). Calling again with an existing ``approval_id``
     of the same session resumes it: the slot gets the recorded outcome, or
     waits for it if the call is still pending.
+
+    ``description`` (why the agent wants the call, at most 2,000 characters) is
+    shown on the card; ``editable=True`` promises that the caller runs whatever
+    arguments the person approves, which must satisfy ``arguments_schema`` (a
+    JSON Schema) when given. ``agent_key`` records the agent key a call gated
+    over HTTP came with.
     """
     check_details(session_id, approval_id, tool_name, tool_call_id, arguments)
+    check_context(description, editable, arguments_schema)
     seconds = decision_timeout(timeout)
     listener = get_listener()
     listener.ensure_lease()
@@ -96,6 +108,10 @@ def begin_tool_decision(
         "tool_name": tool_name,
         "tool_call_id": tool_call_id,
         "arguments": {} if arguments is None else arguments,
+        "description": description,
+        "editable": editable,
+        "arguments_schema": arguments_schema,
+        "agent_key_id": getattr(agent_key, "pk", agent_key),
     }
     return gate_call(listener, details, seconds)
 

@@ -129,6 +129,26 @@ def check_details(session_id, approval_id, tool_name, tool_call_id, arguments) -
             raise ValueError(f"arguments must be JSON-serialisable: {exc}") from None
 
 
+#: The longest ``description`` a gated call may carry.
+MAX_DESCRIPTION_LENGTH = 2000
+
+
+def check_context(description: Any, editable: Any, arguments_schema: Any) -> None:
+    if not isinstance(description, str):
+        raise ValueError(f"description must be a string, not {type(description).__name__}")
+    if len(description) > MAX_DESCRIPTION_LENGTH:
+        raise ValueError(f"description is longer than {MAX_DESCRIPTION_LENGTH} characters")
+    if not isinstance(editable, bool):
+        raise ValueError(f"editable must be True or False, not {editable!r}")
+    if arguments_schema is not None:
+        if not isinstance(arguments_schema, dict):
+            raise ValueError("arguments_schema must be a JSON Schema object (a dict) or None")
+        try:
+            json.dumps(arguments_schema)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"arguments_schema must be JSON-serialisable: {exc}") from None
+
+
 def with_db_cleanup(fn):
     def run() -> None:
         try:

@@ -129,6 +129,44 @@ class Approval(models.Model):
     created_at = models.DateTimeField(_("created"), default=timezone.now)
     decided_at = models.DateTimeField(_("decided"), null=True, blank=True)
     expires_at = models.DateTimeField(_("expires"))
+    description = models.TextField(
+        _("description"), blank=True, help_text=_("Why the agent wants this call, in its words.")
+    )
+    editable = models.BooleanField(
+        _("editable"),
+        default=False,
+        help_text=_("The agent runs whatever arguments the person approves."),
+    )
+    arguments_schema = models.JSONField(
+        _("arguments schema"),
+        null=True,
+        blank=True,
+        help_text=_("A JSON Schema that edited arguments must satisfy."),
+    )
+    edited_arguments = models.JSONField(
+        _("edited arguments"),
+        null=True,
+        blank=True,
+        help_text=_("The arguments as the person changed them; empty when unchanged."),
+    )
+    executed_at = models.DateTimeField(_("executed"), null=True, blank=True)
+    execution_ok = models.BooleanField(_("execution succeeded"), null=True, blank=True)
+    execution_summary = models.TextField(_("execution summary"), blank=True)
+    agent_key = models.ForeignKey(
+        "approvals.AgentKey",
+        verbose_name=_("agent key"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="approvals",
+        help_text=_("The key of the agent that gated the call over HTTP."),
+    )
+    agent_seen_at = models.DateTimeField(
+        _("agent last seen"),
+        null=True,
+        blank=True,
+        help_text=_("When the agent that gated the call over HTTP last asked about it."),
+    )
     waiter = models.CharField(
         _("waiting process"),
         max_length=64,
@@ -157,6 +195,9 @@ class Approval(models.Model):
             ),
             models.Index(fields=["expires_at"], condition=PENDING, name="approvals_pending_expiry"),
             models.Index(fields=["waiter"], condition=PENDING, name="approvals_pending_waiter"),
+            models.Index(
+                fields=["agent_seen_at"], condition=PENDING, name="approvals_pending_agent"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -237,6 +278,40 @@ class Rule(models.Model):
     def __str__(self) -> str:
         scope = self.session_id or "every session"
         return f"{self.get_decision_display()} {self.tool_name} ({scope})"
+
+
+class AgentKey(models.Model):
+    """A key an agent outside Django presents (``Authorization: Bearer``) to gate calls.
+
+    Calls gated with a key belong to the key's user. Only a hash of the key is
+    stored; ``prefix`` is its first characters, shown to tell keys apart.
+    """
+
+    name = models.CharField(_("name"), max_length=100, unique=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("user"),
+        on_delete=models.CASCADE,
+        related_name="agent_keys",
+        help_text=_("The person the agent acts for."),
+    )
+    prefix = models.CharField(_("prefix"), max_length=16, unique=True)
+    key_hash = models.CharField(_("key hash"), max_length=255)
+    created_at = models.DateTimeField(_("created"), default=timezone.now)
+    last_used_at = models.DateTimeField(_("last used"), null=True, blank=True)
+    revoked_at = models.DateTimeField(_("revoked"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("agent key")
+        verbose_name_plural = _("agent keys")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
 
 
 class ProcessLease(models.Model):

@@ -61,6 +61,18 @@ def parse_json(raw: bytes | str) -> dict:
     return data
 
 
+def check_text(value: str, what: str) -> None:
+    """Refuse text no database stores: a NUL, or a lone surrogate (not UTF-8)."""
+    if "\x00" in value:
+        raise RequestError(INVALID_FIELD, f"{what} contains a NUL character.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(
+            INVALID_FIELD, f"{what} contains a lone surrogate, which is not valid Unicode text."
+        ) from None
+
+
 def _string(data: dict, name: str, *, required: bool, limit: int) -> str | None:
     if name not in data or (not required and data[name] is None):
         if required:
@@ -73,8 +85,7 @@ def _string(data: dict, name: str, *, required: bool, limit: int) -> str | None:
         raise RequestError(INVALID_FIELD, f"The field {name!r} must not be empty.")
     if len(value) > limit:
         raise RequestError(INVALID_FIELD, f"The field {name!r} is longer than {limit} characters.")
-    if "\x00" in value:
-        raise RequestError(INVALID_FIELD, f"The field {name!r} contains a NUL character.")
+    check_text(value, f"The field {name!r}")
     return value
 
 
@@ -118,6 +129,5 @@ def session_filter(value: str | None) -> str | None:
         raise RequestError(
             INVALID_FIELD, f"The parameter 'session_id' is longer than {limit} characters."
         )
-    if "\x00" in value:
-        raise RequestError(INVALID_FIELD, "The parameter 'session_id' contains a NUL character.")
+    check_text(value, "The parameter 'session_id'")
     return value

@@ -38,6 +38,8 @@ TOOL_START_KEYS = {
     "awaiting_confirmation",
     "created_at",
     "expires_at",
+    "description",
+    "editable",
 }
 DECISION_KEYS = {
     "type",
