@@ -179,3 +179,30 @@ def test_the_names_pages_use_are_hashed_compressed_and_cached_for_a_year(product
     assert re.search(rb'href="/static/approvals/inbox\.[0-9a-f]{12}\.css"', login)
 
     assert _get(production_site, "/static/approvals/nothing-here.js")[0] == 404
+
+
+# -- manage.py check --deploy, as the README explains it -------------------------------
+
+
+def _check_deploy(**env: str) -> set[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "REDIS_URL"))}
+    key = "a-long-random-key-for-this-test-only-0123456789-abcdefghijklmnop"
+    out = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy"],
+        cwd=ROOT,
+        env={**clean, "DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": key, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return set(re.findall(r"\((\w+\.[WE]\d+)\)", out.stdout + out.stderr))
+
+
+def test_check_deploy_reports_only_what_the_readme_explains():
+    assert _check_deploy() == {"security.W004", "security.W008", "approvals.W001"}
+    https = {"DJANGO_SECURE_SSL_REDIRECT": "1", "DJANGO_HSTS_SECONDS": "31536000"}
+    assert _check_deploy(**https) == {"security.W005", "security.W021", "approvals.W001"}
+    https |= {"DJANGO_HSTS_INCLUDE_SUBDOMAINS": "1", "DJANGO_HSTS_PRELOAD": "1"}
+    # The layer is only configured here, never reached: checks read settings.
+    assert _check_deploy(**https, REDIS_URL="redis://127.0.0.1:1/0") == set()
