@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import secrets
 import sys
 import tempfile
 import time
@@ -19,6 +20,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "BENCH_JSON "
+# DEBUG off needs a secret key of its own; one per run, shared by every child process.
+_SECRET_KEY = "bench-" + secrets.token_hex(24)
 
 
 def setup_django(database_url: str | None = None, *, migrate: bool = True) -> str:
@@ -36,6 +39,7 @@ def setup_django(database_url: str | None = None, *, migrate: bool = True) -> st
     os.environ.setdefault("TOOLGATE_QUIET", "1")
     # Production-like: DEBUG on would keep every query's SQL in memory.
     os.environ.setdefault("DJANGO_DEBUG", "0")
+    os.environ.setdefault("DJANGO_SECRET_KEY", _SECRET_KEY)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import django
@@ -66,6 +70,7 @@ def child_env(database_url: str) -> dict[str, str]:
     """Environment for a child process on the same database and settings."""
     env = {**os.environ, "DATABASE_URL": database_url, "TOOLGATE_QUIET": "1"}
     env.setdefault("DJANGO_DEBUG", "0")
+    env.setdefault("DJANGO_SECRET_KEY", _SECRET_KEY)
     env["DJANGO_SETTINGS_MODULE"] = "toolgate_site.settings"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 from urllib.parse import quote
@@ -21,6 +22,46 @@ def _stop_listener_before_db_teardown(django_db_setup, django_db_blocker):
 
     listener.shutdown()
     _drop_other_connections(django_db_blocker)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _production_mode():
+    """Run every child process (daphne, agents) as deployed: ``DJANGO_DEBUG=0`` with a
+    secret key of this run's own, which this process signs its sessions with too, so a
+    session made here is valid in a child."""
+    from django.test import override_settings
+
+    key = "toolgate-tests-" + secrets.token_urlsafe(32)
+    saved = {name: os.environ.get(name) for name in ("DJANGO_SECRET_KEY", "DJANGO_DEBUG")}
+    os.environ.update(DJANGO_SECRET_KEY=key, DJANGO_DEBUG="0")
+    with override_settings(SECRET_KEY=key):
+        yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _collected_static():
+    """The site's pages name their static files by hash with DEBUG off (pytest-django's
+    default, and every daphne child): collect them unless ``make`` has done so since
+    the last change to a static file."""
+    from django.conf import settings
+    from django.contrib.staticfiles import finders, storage
+    from django.core.management import call_command
+    from django.utils.functional import empty
+
+    manifest = Path(settings.STATIC_ROOT) / "staticfiles.json"
+    sources = [
+        os.path.getmtime(store.path(path))
+        for finder in finders.get_finders()
+        for path, store in finder.list(["CVS", ".*", "*~"])
+    ]
+    if not manifest.exists() or manifest.stat().st_mtime < max(sources, default=0):
+        call_command("collectstatic", interactive=False, verbosity=0)
+        storage.staticfiles_storage._wrapped = empty  # reload the new manifest
 
 
 @pytest.fixture(autouse=True)

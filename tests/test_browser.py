@@ -38,7 +38,7 @@ class Site:
     """The site under daphne (tests/procs.py), restartable on the same port."""
 
     def __init__(self, env: dict) -> None:
-        self.env = {**env, "DJANGO_DEBUG": "1"}  # DEBUG serves the page's static files
+        self.env = env  # as deployed: DJANGO_DEBUG=0, static files served by the site
         self.server = procs.start_daphne(self.env)
         self.url = self.server.url
 

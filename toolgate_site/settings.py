@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -23,17 +24,28 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 _DEV_SECRET = "django-insecure-toolgate-development-key-change-me-0123456789abcdef"
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", _DEV_SECRET)
-DEBUG = _env_flag("DJANGO_DEBUG", default="DJANGO_SECRET_KEY" not in os.environ)
+_SECRET = os.environ.get("DJANGO_SECRET_KEY", "")
+# A secret key set means production unless DJANGO_DEBUG says otherwise.
+DEBUG = _env_flag("DJANGO_DEBUG", default=not _SECRET)
+if not DEBUG and _SECRET in ("", _DEV_SECRET):
+    # The development key is public (it is in this file): sessions, CSRF tokens and
+    # password-reset links signed with it can be forged by anyone.
+    raise ImproperlyConfigured(
+        "DJANGO_DEBUG=0 needs a secret key of its own: set DJANGO_SECRET_KEY to a long "
+        "random string, the same in every process of the site (for example the output of "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`), or set "
+        "DJANGO_DEBUG=1 for development."
+    )
+SECRET_KEY = _SECRET or _DEV_SECRET
 ALLOWED_HOSTS = [
     h.strip()
     for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
     if h.strip()
 ]
-if SECRET_KEY == _DEV_SECRET and not os.environ.get("TOOLGATE_QUIET"):
+if not _SECRET and not os.environ.get("TOOLGATE_QUIET"):
     warnings.warn(
-        "DJANGO_SECRET_KEY is not set: using the development key and DEBUG="
-        f"{DEBUG}. Set DJANGO_SECRET_KEY and DJANGO_DEBUG=0 in production.",
+        "DJANGO_SECRET_KEY is not set: using the public development key with DEBUG on. "
+        "Set DJANGO_SECRET_KEY and DJANGO_DEBUG=0 in production.",
         stacklevel=1,
     )
 
@@ -45,6 +57,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "servestatic",
     "channels",
     "approvals",
     "toolgate_site",
@@ -52,6 +65,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files, before anything that would touch a session or the database.
+    "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -156,8 +171,16 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# The site serves its own static files (ServeStatic, an async middleware): with DEBUG
+# on straight from the apps' folders, with DEBUG off from STATIC_ROOT as collected by
+# `manage.py collectstatic` (make runs it): names carry a hash of the content
+# (cached for a year), each with gzip and Brotli variants beside it.
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "toolgate_site.storage.StaticStorage"},
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LOGIN_URL = "login"
@@ -171,9 +194,13 @@ CSRF_COOKIE_SECURE = not DEBUG
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 # Behind TLS in production: redirect plain HTTP and send HSTS (see README, "Deploying").
+# All off by default: a site still reached over plain HTTP would lock its users out.
 SECURE_SSL_REDIRECT = _env_flag("DJANGO_SECURE_SSL_REDIRECT", default=False)
 SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "0"))
-if os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER"):
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_flag("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = _env_flag("DJANGO_HSTS_PRELOAD", default=False)
+if _env_flag("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
+    # Only behind a proxy that sets X-Forwarded-Proto itself and drops the client's.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 APPROVALS = {

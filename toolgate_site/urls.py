@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path
 from django.views.generic import RedirectView
 
@@ -22,5 +21,4 @@ urlpatterns = [
     ),
     path("", RedirectView.as_view(url="/approvals/", permanent=False)),
 ]
-# daphne serves no static files itself: with DEBUG on (make demo) Django does.
-urlpatterns += staticfiles_urlpatterns()
+# Static files never reach these patterns: ServeStaticMiddleware answers them (settings.py).
