@@ -209,9 +209,12 @@ class Gateway:
             while True:
                 await anyio.sleep(self.progress_interval)
                 ticks += 1
-                await ctx.session.report_progress(
-                    ticks, message=f"Waiting for a person to allow or deny {params.name}"
-                )
+                try:
+                    await ctx.session.report_progress(
+                        ticks, message=f"Waiting for a person to allow or deny {params.name}"
+                    )
+                except Exception as exc:  # progress is a courtesy; the wait goes on
+                    logger.debug("progress notification not sent: %s", exc)
 
         async with anyio.create_task_group() as group:
             if _progress_token(ctx) is not None:
