@@ -22,7 +22,7 @@ the real server (daphne with `approvals.urls`) by swapping this one module:
 
 Test hooks, all callable from the test's thread: `decide`, `fail_next` (answer the next
 requests with a 5xx), `stop` / `start` (a restart on the same port keeps the state, as the
-real server keeps it in its database), `wait_for_pending`, and `requests` (a log).
+real server keeps it in its database), `wait_for_pending`, and `requests` / `queries` (logs).
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ class StandinServer:
         self.default_timeout = default_timeout
         self.calls: dict[str, Call] = {}
         self.requests: list[tuple[str, str, int]] = []
+        self.queries: list[str] = []
         self._lock = threading.Lock()
         self._failures: list[tuple[int, str]] = []
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
@@ -253,6 +254,8 @@ class StandinServer:
                 self._failures.remove(failure)
             status = failure[0] if failure else 0
             self.requests.append((request.method, request.url.path, status))
+            if request.url.query:
+                self.queries.append(request.url.query)
         if failure is not None:
             return None, _error(failure[0], "injected_failure", "Failure injected by the test.")
         header = request.headers.get("authorization", "")

@@ -84,9 +84,15 @@ def test_long_poll_loops_past_wait(client: ToolgateClient, standin: StandinServe
 
 
 def test_expired(standin: StandinServer) -> None:
-    with ToolgateClient(standin.url, "key-alice", wait=5) as tg:
+    with ToolgateClient(standin.url, "key-alice", wait=5.0) as tg:
         decision = tg.request_tool_decision("s1", "t", timeout=0.5)
     assert decision.status == "expired" and not decision.allowed and decision.message
+
+
+def test_wait_is_sent_as_an_integer_when_whole(standin: StandinServer) -> None:
+    with ToolgateClient(standin.url, "key-alice", wait=2.0) as tg:
+        tg.request_tool_decision("s1", "t", timeout=0.3)
+    assert standin.queries and set(standin.queries) == {"wait=2"}
 
 
 def test_given_approval_id_is_used(client: ToolgateClient, standin: StandinServer) -> None:

@@ -110,7 +110,7 @@ class ToolgateClient:
             approval = self._send("POST", "approvals", body=body)
             while approval.get("status") == PENDING:
                 approval = self._send(
-                    "GET", _path(approval_id), params={"wait": self.wait}, long=True
+                    "GET", _path(approval_id), params={"wait": _wait_param(self.wait)}, long=True
                 )
         except KeyboardInterrupt:
             self._cancel_quietly(approval_id)
@@ -230,7 +230,7 @@ class ToolgateClient:
             approval = await self._asend("POST", "approvals", body=body)
             while approval.get("status") == PENDING:
                 approval = await self._asend(
-                    "GET", _path(approval_id), params={"wait": self.wait}, long=True
+                    "GET", _path(approval_id), params={"wait": _wait_param(self.wait)}, long=True
                 )
         except anyio.get_cancelled_exc_class():
             with anyio.move_on_after(_CANCEL_GRACE, shield=True):
@@ -353,6 +353,11 @@ _LANDED: dict[str, Callable[[dict[str, Any]], bool]] = {
 
 def _landed(action: str, approval: dict[str, Any]) -> bool:
     return _LANDED[action](approval)
+
+
+def _wait_param(wait: float) -> str:
+    # "30", not "30.0": a server may read `wait` as an integer.
+    return str(int(wait)) if float(wait).is_integer() else str(wait)
 
 
 def _path(approval_id: str) -> str:
