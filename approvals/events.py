@@ -32,7 +32,9 @@ def pending_item(approval: Any) -> dict:
     """An approval as listed in ``tool-approvals``, the snapshot and ``tool_start``."""
     get = approval.get if isinstance(approval, dict) else lambda k: getattr(approval, k)
     item = {name: get(name) for name in PENDING_FIELDS if name != "agent_key__name"}
-    item["agent"] = agent_name(approval)
+    agent = agent_name(approval)
+    if agent is not None:  # carried only for calls gated with an agent key
+        item["agent"] = agent
     item["created_at"] = iso(item["created_at"])
     item["expires_at"] = iso(item["expires_at"])
     if item["arguments_schema"] is None:  # carried only when the call has one
