@@ -103,7 +103,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id=E001)]
     errors = []
-    for key in ("DECISION_TIMEOUT", "RECHECK_INTERVAL", "HEARTBEAT_INTERVAL", "LEASE_TIMEOUT"):
+    timings = ("DECISION_TIMEOUT", "RECHECK_INTERVAL", "HEARTBEAT_INTERVAL", "LEASE_TIMEOUT")
+    for key in (*timings, "AGENT_LEASE_TIMEOUT"):
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             errors.append(

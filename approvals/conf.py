@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     # A waiter whose process has not beaten for this long is dead: its calls are
     # marked ``abandoned`` by the sweep.
     "LEASE_TIMEOUT": 30.0,
+    # An agent that gated a call over HTTP and then neither asks about it nor holds
+    # a wait open for this long has the call marked ``abandoned`` by the sweep.
+    "AGENT_LEASE_TIMEOUT": 120.0,
     # Seconds between sweeps run inside each process listener; ``None`` leaves
     # the sweep to ``manage.py approvals_sweep`` alone.
     "SWEEP_INTERVAL": 30.0,

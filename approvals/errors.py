@@ -18,6 +18,10 @@ UNKNOWN_TYPE = "unknown_type"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 CSRF_FAILED = "csrf_failed"
 DATABASE_UNAVAILABLE = "database_unavailable"
+INVALID_KEY = "invalid_key"
+APPROVAL_ID_IN_USE = "approval_id_in_use"
+NOT_ALLOWED = "not_allowed"
+ALREADY_EXECUTED = "already_executed"
 
 #: The sentence sent with a code when the raiser gave none more precise.
 DETAILS = {
@@ -27,6 +31,10 @@ DETAILS = {
     METHOD_NOT_ALLOWED: "This endpoint accepts only POST.",
     CSRF_FAILED: "The CSRF check failed: send the csrftoken cookie's value in X-CSRFToken.",
     DATABASE_UNAVAILABLE: "The database could not be reached, so nothing was decided. Try again.",
+    INVALID_KEY: "The agent key is wrong or was revoked.",
+    APPROVAL_ID_IN_USE: "That approval_id is already used by another user or session.",
+    NOT_ALLOWED: "That tool call was not allowed, so it cannot have run.",
+    ALREADY_EXECUTED: "That tool call was reported executed already; a call runs once.",
 }
 
 

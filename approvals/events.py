@@ -20,6 +20,7 @@ PENDING_FIELDS = (
     "description",
     "editable",
     "arguments_schema",
+    "agent_key__name",
 )
 
 
@@ -30,12 +31,22 @@ def iso(value: datetime | None) -> str | None:
 def pending_item(approval: Any) -> dict:
     """An approval as listed in ``tool-approvals``, the snapshot and ``tool_start``."""
     get = approval.get if isinstance(approval, dict) else lambda k: getattr(approval, k)
-    item = {name: get(name) for name in PENDING_FIELDS}
+    item = {name: get(name) for name in PENDING_FIELDS if name != "agent_key__name"}
+    agent = agent_name(approval)
+    if agent is not None:  # carried only for calls gated with an agent key
+        item["agent"] = agent
     item["created_at"] = iso(item["created_at"])
     item["expires_at"] = iso(item["expires_at"])
     if item["arguments_schema"] is None:  # carried only when the call has one
         del item["arguments_schema"]
     return item
+
+
+def agent_name(approval: Any) -> str | None:
+    """The name of the agent key a call was gated with (``None``: not over the agent API)."""
+    if isinstance(approval, dict):
+        return approval.get("agent_key__name")
+    return approval.agent_key.name if approval.agent_key_id is not None else None
 
 
 def tool_start(approval: Any) -> dict:

@@ -252,6 +252,7 @@ def test_export_csv_streams_every_audit_column(viewer, decider, django_user_mode
         "decided_at",
         "expires_at",
         "seconds_to_decision",
+        "agent_key",
     ]
     assert rows[1] == [
         a.approval_id,
@@ -268,6 +269,7 @@ def test_export_csv_streams_every_audit_column(viewer, decider, django_user_mode
         a.decided_at.isoformat(),
         a.expires_at.isoformat(),
         "90.000",
+        "",
     ]
     assert rows[2][0] == b.approval_id and rows[2][2] == "" and rows[2][11] == ""
     assert len(rows) == 3

@@ -348,7 +348,10 @@ def signed_in_headers(person) -> dict:
     Target(user)  # something pending to find
     csrf = "f" * 32
     cookie = f"sessionid={client.cookies['sessionid'].value}; csrftoken={csrf}"
-    return {"Cookie": cookie, "X-CSRFToken": csrf}
+    from approvals import agentkeys  # the agent API's endpoints take a bearer key
+
+    key = agentkeys.create_key(user, "fuzz-bot")[1]
+    return {"Cookie": cookie, "X-CSRFToken": csrf, "Authorization": f"Bearer {key}"}
 
 
 @schema.parametrize()

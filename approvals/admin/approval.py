@@ -55,6 +55,7 @@ class ApprovalAdmin(admin.ModelAdmin):
     list_display = (
         "created_at",
         "user",
+        "agent_key",
         "session",
         "tool_name",
         "status",
@@ -75,7 +76,7 @@ class ApprovalAdmin(admin.ModelAdmin):
         "ids, sessions and tool names for the text."
     )
     date_hierarchy = "created_at"
-    list_select_related = ("user", "decided_by")
+    list_select_related = ("user", "decided_by", "agent_key")
     show_full_result_count = False
     sortable_by = ("created_at",)
     ordering = ("-created_at",)
@@ -83,7 +84,7 @@ class ApprovalAdmin(admin.ModelAdmin):
     readonly_fields = ("arguments_pretty", "time_to_decision_display")
     fieldsets = (
         (None, {"fields": ("approval_id", "tool_name", "tool_call_id", "arguments_pretty")}),
-        (_("Whose"), {"fields": ("user", "session_id")}),
+        (_("Whose"), {"fields": ("user", "session_id", "agent_key")}),
         (_("Outcome"), {"fields": ("status", "decided_via", "decided_by", "reason")}),
         (
             _("When"),

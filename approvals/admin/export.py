@@ -27,6 +27,7 @@ CSV_COLUMNS = (
     "decided_at",
     "expires_at",
     "seconds_to_decision",
+    "agent_key",
 )
 
 
@@ -62,6 +63,7 @@ def _csv_row(a: Approval) -> list[str]:
         a.decided_at.isoformat() if a.decided_at else "",
         a.expires_at.isoformat(),
         f"{waited.total_seconds():.3f}" if waited is not None else "",
+        a.agent_key.name if a.agent_key_id else "",
     )
     return [_csv_cell(v) for v in values]
 
@@ -69,7 +71,7 @@ def _csv_row(a: Approval) -> list[str]:
 def csv_rows(queryset: QuerySet):
     """The header, then one row per approval, oldest first (fetched in chunks)."""
     yield list(CSV_COLUMNS)
-    rows = queryset.select_related("user", "decided_by").order_by("created_at", "pk")
+    rows = queryset.select_related("user", "decided_by", "agent_key").order_by("created_at", "pk")
     for approval in rows.iterator(chunk_size=2000):
         yield _csv_row(approval)
 
