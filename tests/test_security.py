@@ -17,7 +17,7 @@ import logging
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import Client, override_settings
 
 from approvals import gate
 from approvals.models import Approval, Status
@@ -308,3 +308,53 @@ def test_nothing_secret_is_logged_while_deciding(people, caplog):
     for record in caplog.records:
         text = record.getMessage()
         assert session_key not in text and csrf not in text
+
+
+# -- the Origin check compares scheme, host and port ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "scheme", "accepted"),
+    [
+        (b"http://localhost:8000", b"localhost:8000", "ws", True),
+        (b"http://localhost:9999", b"localhost:8000", "ws", False),  # wrong port
+        (b"https://localhost:8000", b"localhost:8000", "ws", False),  # wrong scheme
+        (b"http://localhost", b"localhost:8000", "ws", False),  # default port is another
+        (b"https://localhost", b"localhost", "wss", True),
+        (b"http://localhost", b"localhost", "wss", False),
+        (None, b"localhost:8000", "ws", False),  # no Origin
+        (b"http://evil.example:8000", b"evil.example:8000", "ws", False),  # host not allowed
+    ],
+)
+def test_websocket_origin_check_compares_scheme_host_and_port(
+    people, origin, host, scheme, accepted
+):
+    alice, _ = people
+    cookie = f"sessionid={cookie_of(alice)}".encode()
+    headers = [(b"host", host), (b"cookie", cookie)]
+    if origin is not None:
+        headers.append((b"origin", origin))
+
+    async def scenario():
+        comm = WebsocketCommunicator(application, "/ws/approvals/", headers=headers)
+        comm.scope["scheme"] = scheme
+        connected, _ = await comm.connect(timeout=5)
+        if connected:
+            await comm.disconnect()
+        return connected
+
+    assert run(scenario()) is accepted
+
+
+@override_settings(CSRF_TRUSTED_ORIGINS=["https://*.example.com", "http://inbox.test:8080"])
+def test_websocket_origin_listed_in_csrf_trusted_origins_is_accepted(people):
+    from approvals.security import origin_allowed
+
+    def scope(origin: bytes) -> dict:
+        return {"scheme": "ws", "headers": [(b"host", b"localhost:8000"), (b"origin", origin)]}
+
+    assert origin_allowed(scope(b"https://app.example.com"))
+    assert origin_allowed(scope(b"http://inbox.test:8080"))
+    assert not origin_allowed(scope(b"http://inbox.test:8081"))
+    assert not origin_allowed(scope(b"http://app.example.com"))
+    assert not origin_allowed(scope(b"https://example.com.evil.test"))

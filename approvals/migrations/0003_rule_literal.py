@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0002_wave2_context_edits_agent_keys'),
+        ("approvals", "0002_wave2_context_edits_agent_keys"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='rule',
-            name='literal',
-            field=models.BooleanField(default=False, help_text="Match the tool name exactly, even if it contains *. Set on rules stored by a person's remember choice, which are for the one tool they decided.", verbose_name='literal tool name'),
+            model_name="rule",
+            name="literal",
+            field=models.BooleanField(
+                default=False,
+                help_text="Match the tool name exactly, even if it contains *. Set on rules stored by a person's remember choice, which are for the one tool they decided.",
+                verbose_name="literal tool name",
+            ),
         ),
     ]
