@@ -24,7 +24,7 @@ CLOSE_FORBIDDEN_ORIGIN = 4403
 
 
 def _origin_tuple(text: str) -> tuple[str, str, int] | None:
-    """``(scheme, host, port)`` of an origin, with the scheme's default port; ``None`` if malformed."""
+    """``(scheme, host, port)``, the port defaulted by scheme; ``None`` when malformed."""
     try:
         parts = urlsplit(text)
         port = parts.port

@@ -358,3 +358,37 @@ def test_websocket_origin_listed_in_csrf_trusted_origins_is_accepted(people):
     assert not origin_allowed(scope(b"http://inbox.test:8081"))
     assert not origin_allowed(scope(b"http://app.example.com"))
     assert not origin_allowed(scope(b"https://example.com.evil.test"))
+
+
+# -- deciding another user's call costs what an unknown id costs ------------------------------
+
+
+@pytest.mark.parametrize("known_here", [True, False])
+def test_another_users_call_and_an_unknown_id_run_the_same_queries(people, known_here):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from approvals import knownrows
+
+    alice, bob = people
+    theirs = gated(bob)
+    if not known_here:  # gated by another process: this one reads the row
+        knownrows._rows.pop(theirs, None)
+    client = logged_in(alice)
+
+    def queries(aid: str) -> list[str]:
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.post(
+                "/api/inference/tool-confirm",
+                {"approval_id": aid, "decision": "allow"},
+                content_type="application/json",
+            )
+        assert response.status_code == 404
+        return [q["sql"].split(" FROM ")[-1][:40] for q in ctx.captured_queries]
+
+    queries(gate.new_approval_id())  # warm up whatever is cached per process
+    unknown = queries(gate.new_approval_id())
+    other = queries(theirs)
+    assert len(unknown) == len(other)
+    assert unknown == other
+    assert status_of(theirs) == "pending"
