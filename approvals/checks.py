@@ -103,7 +103,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id=E001)]
     errors = []
-    for key in ("DECISION_TIMEOUT", "RECHECK_INTERVAL", "HEARTBEAT_INTERVAL", "LEASE_TIMEOUT"):
+    for key in (
+        "DECISION_TIMEOUT",
+        "RECHECK_INTERVAL",
+        "HEARTBEAT_INTERVAL",
+        "LEASE_TIMEOUT",
+        "MAX_ARGUMENTS_BYTES",
+        "SNAPSHOT_MAX_BYTES",
+        "SOCKET_QUEUE_LIMIT",
+        "SOCKET_BACKLOG_BYTES",
+        "MAX_SOCKETS_PER_USER",
+        "SOCKET_RECHECK_SECONDS",
+        "SOCKET_DB_THREADS",
+    ):
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             errors.append(
