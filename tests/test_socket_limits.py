@@ -17,7 +17,8 @@ from django.test import override_settings
 from approvals import gate, hub
 from approvals.models import Approval
 
-from .test_consumer import agate, confirm, next_of, run, snapshot_of, users, ws  # noqa: F401
+from .test_consumer import agate, confirm, next_of, run, snapshot_of, ws
+from .test_consumer import users as users  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FAST = {"SOCKET_RECHECK_SECONDS": 0.2}
@@ -150,9 +151,9 @@ def test_the_snapshot_is_capped_by_bytes_and_says_how_many_more(users):
 
 
 def test_arguments_over_the_limit_are_refused_by_the_gate():
-    with override_settings(APPROVALS={"MAX_ARGUMENTS_BYTES": 1000}):
-        with pytest.raises(ValueError, match="MAX_ARGUMENTS_BYTES"):
-            gate.begin_tool_decision("s", gate.new_approval_id(), arguments={"x": "y" * 2000})
+    limit = override_settings(APPROVALS={"MAX_ARGUMENTS_BYTES": 1000})
+    with limit, pytest.raises(ValueError, match="MAX_ARGUMENTS_BYTES"):
+        gate.begin_tool_decision("s", gate.new_approval_id(), arguments={"x": "y" * 2000})
     for bad in ({"x": "\ud800"}, {"x": "a\x00b"}):
         with pytest.raises(ValueError):
             gate.begin_tool_decision("s", gate.new_approval_id(), arguments=bad)
