@@ -197,6 +197,8 @@ def _drop_hub(hub: Hub) -> None:
             return
         del _hubs[hub.loop]
     hub.unsubscribe()
+    if hub.rechecking is not None and not hub.loop.is_closed():
+        hub.rechecking.cancel()
 
 
 def _nothing() -> None:
