@@ -117,3 +117,27 @@ def _walk(node: Any, prefix: str, depth: int, is_target: Callable[[type], bool])
         if inner is not None and inner is not node:
             return _walk(inner, prefix, depth + 1, is_target)
     return None
+
+
+# -- daphne / Twisted: bytes a socket has not yet taken --------------------------
+
+
+def unsent_bytes_probe(send: Any) -> Callable[[], int] | None:
+    """A function returning the bytes queued in the server for this connection, or ``None``.
+
+    ASGI has no backpressure for WebSocket sends: daphne hands every frame to
+    Twisted, which buffers without limit for a client that stops reading. Under
+    daphne, the consumer's ``send`` is ``partial(server.handle_reply, protocol)``
+    and the protocol's Twisted transport keeps its unsent bytes in
+    ``dataBuffer``/``offset`` and ``_tempDataLen``. Any other server: ``None``.
+    """
+    protocol = send.args[0] if getattr(send, "args", None) else None
+    transport = getattr(protocol, "transport", None)
+    if transport is None or not hasattr(transport, "_tempDataLen"):
+        return None
+
+    def unsent() -> int:
+        buffered = len(getattr(transport, "dataBuffer", b"")) - getattr(transport, "offset", 0)
+        return buffered + getattr(transport, "_tempDataLen", 0)
+
+    return unsent

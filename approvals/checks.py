@@ -21,7 +21,7 @@ W003 = "approvals.W003"
 W004 = "approvals.W004"
 #: ``APPROVALS`` names a key the app does not know.
 E001 = "approvals.E001"
-#: A timing setting that is not a positive number.
+#: A number setting (a timing, a size or a limit) that is not a positive number.
 E002 = "approvals.E002"
 #: ``LEASE_TIMEOUT`` not more than twice ``HEARTBEAT_INTERVAL``.
 E003 = "approvals.E003"
@@ -103,8 +103,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id=E001)]
     errors = []
-    timings = ("DECISION_TIMEOUT", "RECHECK_INTERVAL", "HEARTBEAT_INTERVAL", "LEASE_TIMEOUT")
-    for key in (*timings, "AGENT_LEASE_TIMEOUT"):
+    for key in (
+        "DECISION_TIMEOUT",
+        "RECHECK_INTERVAL",
+        "HEARTBEAT_INTERVAL",
+        "LEASE_TIMEOUT",
+        "AGENT_LEASE_TIMEOUT",
+        "MAX_ARGUMENTS_BYTES",
+        "SNAPSHOT_MAX_BYTES",
+        "SOCKET_QUEUE_LIMIT",
+        "SOCKET_BACKLOG_BYTES",
+        "MAX_SOCKETS_PER_USER",
+        "SOCKET_RECHECK_SECONDS",
+        "SOCKET_DB_THREADS",
+    ):
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             errors.append(

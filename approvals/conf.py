@@ -37,6 +37,25 @@ DEFAULTS: dict[str, Any] = {
     "MAX_REASON_LENGTH": 2000,
     # Channel-layer group every process listener joins (must match [a-zA-Z0-9._-]).
     "GROUP_PREFIX": "approvals",
+    # Largest ``arguments`` of a gated call, in bytes of compact JSON (the gate
+    # raises ValueError above it), so every event fits a WebSocket frame.
+    "MAX_ARGUMENTS_BYTES": 64 * 1024,
+    # Largest snapshot frame, in bytes: the oldest calls that fit are sent, with
+    # ``"more"`` saying how many were left out (the page lists them over HTTP).
+    "SNAPSHOT_MAX_BYTES": 512 * 1024,
+    # Events queued for one socket before it counts as too slow and is closed
+    # (code 4408; the page reconnects and gets a fresh snapshot).
+    "SOCKET_QUEUE_LIMIT": 1000,
+    # Bytes the server may hold unsent for one socket (a client that stops
+    # reading) before the socket is closed with code 4408.
+    "SOCKET_BACKLOG_BYTES": 4 * 1024 * 1024,
+    # Open sockets per user in one process; one more is refused with code 4429.
+    "MAX_SOCKETS_PER_USER": 20,
+    # Seconds between checks that each open socket's user is still active,
+    # signed in and (for sockets that see everyone's calls) still a decider.
+    "SOCKET_RECHECK_SECONDS": 3.0,
+    # Threads per process for the sockets' database work (snapshot, tool_confirm).
+    "SOCKET_DB_THREADS": 8,
     # Largest number of pending calls sent in a snapshot or the pending list.
     "PENDING_LIMIT": 500,
     # Name of the channel layer (in CHANNEL_LAYERS) the app uses.

@@ -12,19 +12,29 @@ endpoint and decided through :func:`approvals.decisions.decide`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 
-from . import errors, payloads
+from . import _compat, errors, payloads
 from .conf import setting
 from .decisions import Outcome
 from .errors import RequestError
-from .hub import CLIENT_EVENTS, hub_for_running_loop, leave
+from .hub import (
+    CLIENT_EVENTS,
+    CLOSE_SIGNED_OUT,
+    CLOSE_TOO_SLOW,
+    SocketQueue,
+    db_call,
+    hub_for_running_loop,
+    leave,
+    live_sessions,
+)
 from .models import Approval, Via
 from .permissions import may_decide_any
 
@@ -32,6 +42,10 @@ from .permissions import may_decide_any
 CLOSE_UNAUTHENTICATED = 4401
 #: Close code for a connection whose ``?session_id=`` cannot name a session.
 CLOSE_BAD_REQUEST = 4400
+#: Close code for one socket more than ``MAX_SOCKETS_PER_USER``.
+CLOSE_TOO_MANY = 4429
+#: Close code after a frame could not be sent (the page reconnects).
+CLOSE_SEND_FAILED = 4500
 #: A channel-layer alias nobody configures: Channels then gives the consumer no
 #: channel of its own (no per-socket receive on Redis), see ``get_channel_layer``.
 logger = logging.getLogger("approvals.consumers")
@@ -58,25 +72,45 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             await self._error(exc.code, exc.detail)
             await self.close(code=CLOSE_BAD_REQUEST)
             return
+        self.user_pk = user.pk
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
         self.sees_all = False  # set with the snapshot, before any event is sent
         self.known: set[str] = set()
-        self.queue: asyncio.Queue = asyncio.Queue()
+        hub = await hub_for_running_loop()
+        if hub.sockets_of(user.pk) >= setting("MAX_SOCKETS_PER_USER"):
+            await self.accept()
+            await self._error("too_many_sockets", "Too many open inboxes for this user.")
+            await self.close(code=CLOSE_TOO_MANY)
+            return
+        self.queue = SocketQueue(self)
+        self.unsent = _compat.unsent_bytes_probe(self.base_send)
         # Subscribe before reading the snapshot: a call gated or decided in
         # between is then in the snapshot, in the queue, or both; never neither.
-        hub = await hub_for_running_loop()
         hub.join(self.queue)
         await self.accept()
         try:
-            pending = await database_sync_to_async(self._snapshot)()
+            pending = await db_call(self._snapshot)
         except BaseException:
             leave(self.queue)  # a socket that never got its snapshot must not linger
             raise
         if not self.sees_all:
             # From here on only this user's events are queued for this socket.
             hub.narrow(self.queue, self.user.pk)
-        self.known.update(item["approval_id"] for item in pending)
-        await self.send_json({"type": "snapshot", "pending": pending})
+        self.known.update(item["approval_id"] for item in pending["pending"])
+        await self.send(text_data=json.dumps({"type": "snapshot", **pending}))
         self.sender = asyncio.create_task(self._send_events())
+
+    async def drop(self, code: int) -> None:
+        """Stop this socket's events at once and close it with ``code``."""
+        queue = getattr(self, "queue", None)
+        if queue is not None:
+            queue.dropped = True
+            leave(queue)
+        try:
+            await self.close(code=code)
+        except Exception:  # the connection is gone already
+            pass
 
     async def disconnect(self, code: int) -> None:
         queue = getattr(self, "queue", None)
@@ -87,10 +121,10 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             sender.cancel()
 
     # -- server -> client ------------------------------------------------
-    def _snapshot(self) -> list[dict]:
+    def _snapshot(self) -> dict:
         self.sees_all = may_decide_any(self.user)
         qs = Approval.objects.visible_to(self.user).awaiting().in_session(self.session_filter)
-        return qs.pending_items(setting("PENDING_LIMIT"))
+        return _within_bytes(qs.pending_items(setting("PENDING_LIMIT")))
 
     def may_see(self, event: dict) -> bool:
         """True when this connection should carry ``event``."""
@@ -102,7 +136,19 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
 
     async def _send_events(self) -> None:
         # One task drains the queue, so events leave in the order they arrived.
-        while True:
+        try:
+            await self._drain()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A frame that cannot be sent must not leave a "live" socket that
+            # receives nothing: close it, and the page reconnects for a snapshot.
+            logger.warning("approvals: closing a socket after a failed send", exc_info=True)
+            await self.drop(CLOSE_SEND_FAILED)
+
+    async def _drain(self) -> None:
+        limit = setting("SOCKET_BACKLOG_BYTES")
+        while not self.queue.dropped:
             event, text = await self.queue.get()
             if not self.may_see(event):
                 continue
@@ -112,6 +158,10 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
                     continue  # already in the snapshot
             else:
                 self.known.discard(aid)
+            if self.unsent is not None and self.unsent() > limit:
+                logger.warning("approvals: closing a socket whose client stopped reading")
+                await self.drop(CLOSE_TOO_SLOW)
+                return
             await self.send(text_data=text)
 
     # -- client -> server ------------------------------------------------
@@ -145,7 +195,11 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         except RequestError as exc:
             return {**reply, "error": exc.code, "detail": exc.detail}
         try:
-            outcome = await database_sync_to_async(self._decide)(request)
+            outcome = await db_call(self._decide, request)
+        except SignedOut:
+            asyncio.ensure_future(self.drop(CLOSE_SIGNED_OUT))
+            code = errors.AUTHENTICATION_REQUIRED
+            return {**reply, "error": code, "detail": errors.detail_for(code)}
         except RequestError as exc:  # e.g. remember "session" on a call without a session
             return {**reply, "error": exc.code, "detail": exc.detail}
         except DatabaseError as exc:
@@ -161,10 +215,35 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         return reply
 
     def _decide(self, request: payloads.DecisionRequest) -> Outcome:
-        return payloads.decide_request(request, self.user, Via.WEBSOCKET)
+        # The user and their permissions as they are now, not as at connect.
+        user = get_user_model()._default_manager.filter(pk=self.user_pk, is_active=True).first()
+        if user is None:
+            raise SignedOut
+        if self.session_key and live_sessions({self.session_key}) == set():
+            raise SignedOut
+        return payloads.decide_request(request, user, Via.WEBSOCKET)
 
     async def _error(self, code: str, detail: str) -> None:
         await self.send_json({"type": "error", "error": code, "detail": detail})
+
+
+class SignedOut(Exception):
+    """The socket's user was deactivated or their session ended since connect."""
+
+
+def _within_bytes(items: list[dict]) -> dict:
+    """The snapshot's body: the oldest items within ``SNAPSHOT_MAX_BYTES``, and how many more."""
+    budget = setting("SNAPSHOT_MAX_BYTES") - 64
+    kept: list[dict] = []
+    for item in items:
+        budget -= len(json.dumps(item)) + 1
+        if budget < 0:
+            break
+        kept.append(item)
+    body: dict[str, Any] = {"pending": kept}
+    if len(kept) < len(items):
+        body["more"] = len(items) - len(kept)
+    return body
 
 
 def _same_user(event_user: Any, pk: Any) -> bool:

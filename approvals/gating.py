@@ -123,10 +123,37 @@ def check_details(session_id, approval_id, tool_name, tool_call_id, arguments) -
     if not approval_id:
         raise ValueError("approval_id must not be empty")
     if arguments is not None:
-        try:
-            json.dumps(arguments)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"arguments must be JSON-serialisable: {exc}") from None
+        check_arguments(arguments)
+
+
+def check_arguments(arguments: Any) -> None:
+    """Refuse arguments that are not JSON, over ``MAX_ARGUMENTS_BYTES``, or not storable text."""
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"arguments must be JSON-serialisable: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("arguments contain a lone surrogate, which is not valid text") from None
+    limit = setting("MAX_ARGUMENTS_BYTES")
+    if size > limit:
+        raise ValueError(
+            f"arguments are {size} bytes of JSON; the limit is {limit} "
+            '(APPROVALS["MAX_ARGUMENTS_BYTES"])'
+        )
+    if _has_nul(arguments):
+        raise ValueError("arguments contain a NUL character, which databases do not store")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 #: The longest ``description`` a gated call may carry.

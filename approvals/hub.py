@@ -9,13 +9,55 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
 from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connections
+from django.utils import timezone
 
 from . import events
 from . import listener as listener_module
+from .conf import setting
 from .listener import Listener
+from .permissions import may_decide_any
+
+logger = logging.getLogger("approvals.hub")
+#: Close code for a socket whose user was deactivated or signed out elsewhere.
+CLOSE_SIGNED_OUT = 4401
+#: Close code for a socket that fell too far behind (it reconnects for a fresh snapshot).
+CLOSE_TOO_SLOW = 4408
+
+
+class SocketQueue(asyncio.Queue):
+    """One socket's outgoing events, bounded, with the socket it feeds.
+
+    ``socket`` has ``user_pk``, ``session_key``, ``sees_all`` and an async
+    ``drop(code)``; the hub closes it when its queue overflows, and re-checks
+    its user every ``SOCKET_RECHECK_SECONDS``.
+    """
+
+    def __init__(self, socket: Any) -> None:
+        super().__init__(maxsize=setting("SOCKET_QUEUE_LIMIT"))
+        self.socket = socket
+        self.dropped = False
+
+    def offer(self, item: Any) -> None:
+        if self.dropped:
+            return
+        try:
+            self.put_nowait(item)
+        except asyncio.QueueFull:
+            self.dropped = True
+            logger.warning("approvals: closing a socket that fell %s events behind", self.maxsize)
+            asyncio.ensure_future(self.socket.drop(CLOSE_TOO_SLOW))
+
 
 #: Event types a client is sent; anything else the listener carries is internal.
 CLIENT_EVENTS = frozenset({"tool_start", "tool_decision"})
@@ -37,6 +79,7 @@ class Hub:
         self.everyone: set[asyncio.Queue] = set()
         self.by_user: dict[str, set[asyncio.Queue]] = {}
         self.unsubscribe: Callable[[], None] = _nothing
+        self.rechecking: asyncio.Task | None = None
 
     @property
     def queues(self) -> set[asyncio.Queue]:
@@ -45,6 +88,39 @@ class Hub:
 
     def join(self, queue: asyncio.Queue) -> None:
         self.everyone.add(queue)
+        if self.rechecking is None or self.rechecking.done():
+            self.rechecking = self.loop.create_task(self._recheck_forever())
+
+    def sockets_of(self, user_pk: Any) -> int:
+        """How many sockets of this loop belong to ``user_pk``."""
+        key = str(user_pk)
+        return sum(1 for q in self.queues if str(getattr(q.socket, "user_pk", None)) == key)
+
+    async def _recheck_forever(self) -> None:
+        # One timer per loop, one batch of queries per pass, however many sockets.
+        while self.queues:
+            await asyncio.sleep(setting("SOCKET_RECHECK_SECONDS"))
+            try:
+                await self.recheck()
+            except Exception:  # a database outage: try again next pass
+                logger.warning("approvals: socket re-check failed", exc_info=True)
+
+    async def recheck(self) -> None:
+        """Close the sockets of users deactivated or signed out; narrow lost deciders."""
+        sockets = [q.socket for q in self.queues if hasattr(q, "socket")]
+        if not sockets:
+            return
+        users = {str(s.user_pk) for s in sockets}
+        wide = {str(s.user_pk) for s in sockets if s.sees_all}
+        keys = {s.session_key for s in sockets if s.session_key}
+        active, deciders, live = await db_call(_current_state, users, wide, keys)
+        for socket in sockets:
+            pk = str(socket.user_pk)
+            if pk not in active or (live is not None and socket.session_key not in live):
+                await socket.drop(CLOSE_SIGNED_OUT)
+            elif socket.sees_all and pk not in deciders:
+                socket.sees_all = False
+                self.narrow(socket.queue, socket.user_pk)
 
     def narrow(self, queue: asyncio.Queue, user_pk: Any) -> None:
         self.everyone.discard(queue)
@@ -75,7 +151,7 @@ class Hub:
             return
         item = (event, json.dumps(events.public(event)))
         for queue in targets:
-            queue.put_nowait(item)
+            queue.offer(item) if isinstance(queue, SocketQueue) else queue.put_nowait(item)
 
 
 _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
@@ -121,7 +197,56 @@ def _drop_hub(hub: Hub) -> None:
             return
         del _hubs[hub.loop]
     hub.unsubscribe()
+    if hub.rechecking is not None and not hub.loop.is_closed():
+        hub.rechecking.cancel()
 
 
 def _nothing() -> None:
     return None
+
+
+def _current_state(users: set[str], wide: set[str], keys: set[str]) -> tuple:
+    """(active user keys, deciders among ``wide``, live session keys or ``None``)."""
+    found = get_user_model()._default_manager.filter(pk__in=users, is_active=True)
+    active = {str(user.pk): user for user in found}
+    deciders = {pk for pk in wide if pk in active and may_decide_any(active[pk])}
+    return set(active), deciders, live_sessions(keys)
+
+
+def live_sessions(keys: set[str]) -> set[str] | None:
+    """The keys among ``keys`` whose session still exists; ``None`` when sessions
+    live in the cookie (nothing on the server to delete)."""
+    engine = import_module(settings.SESSION_ENGINE)
+    store = engine.SessionStore
+    if settings.SESSION_ENGINE.endswith("signed_cookies"):
+        return None
+    if hasattr(store, "get_model_class") and not settings.SESSION_ENGINE.endswith("cache"):
+        model = store.get_model_class()
+        rows = model.objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
+        return set(rows.values_list("session_key", flat=True))
+    return {key for key in keys if store().exists(key)}
+
+
+_executor: ThreadPoolExecutor | None = None
+
+
+def _closing(fn: Callable, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    finally:
+        connections.close_all()  # this thread's connections: none held between calls
+
+
+async def db_call(fn: Callable, *args: Any) -> Any:
+    """Run ``fn(*args)`` on the sockets' own thread pool (``SOCKET_DB_THREADS``).
+
+    Channels' ``database_sync_to_async`` runs every consumer's database work of
+    a process on one thread, so one locked or slow query holds up every other
+    socket; here each call gets a thread of a bounded pool and closes its
+    connections afterwards.
+    """
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(setting("SOCKET_DB_THREADS"), "approvals-socket-db")
+    call = sync_to_async(_closing, thread_sensitive=False, executor=_executor)
+    return await call(fn, *args)

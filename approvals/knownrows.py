@@ -32,7 +32,12 @@ def row_for(approval_id: str) -> dict[str, Any] | None:
     with _lock:
         known = _rows.get(approval_id)
     if known is not None:
-        return {**known, "status": Status.PENDING}
+        return {**known, "status": Status.PENDING, "known": True}
+    return stored(approval_id)
+
+
+def stored(approval_id: str) -> dict[str, Any] | None:
+    """The call's fixed fields and status as the database has them (one query)."""
     return (
         Approval.objects.filter(approval_id=approval_id)
         .values(*FIELDS, "status")

@@ -266,6 +266,14 @@ class Rule(models.Model):
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
     expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
     note = models.TextField(_("note"), blank=True)
+    literal = models.BooleanField(
+        _("literal tool name"),
+        default=False,
+        help_text=_(
+            "Match the tool name exactly, even if it contains *. Set on rules stored by "
+            "a person's remember choice, which are for the one tool they decided."
+        ),
+    )
 
     objects = RuleQuerySet.as_manager()
 

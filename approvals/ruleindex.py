@@ -103,6 +103,13 @@ class CachedRule:
     argument_tests: tuple[tuple[str, Matcher], ...]
     #: (argument name, literal prefix of its pattern) the index files the rule under.
     argument_key: tuple[str, str] | None
+    #: The tool name is an exact name, ``*`` included (a remembered rule).
+    literal: bool = False
+
+    @property
+    def tool_pattern(self) -> bool:
+        """True when the tool name is a pattern (has a ``*`` and is not literal)."""
+        return not self.literal and "*" in self.tool_name
 
     def applies(self, tool_name: str, arguments: Any, now: datetime) -> bool:
         """True when the rule's tool name, arguments and expiry fit (user and session aside)."""
@@ -143,9 +150,12 @@ def compile_rule(row: dict) -> CachedRule | None:
         decision=row["decision"],
         expires_at=row["expires_at"],
         note=row["note"] or "",
-        tool_test=compile_pattern(row["tool_name"]),
+        tool_test=row["tool_name"].__eq__
+        if row.get("literal")
+        else compile_pattern(row["tool_name"]),
         argument_tests=tuple((key, compile_pattern(p)) for key, p in patterns),
         argument_key=argument_key,
+        literal=bool(row.get("literal")),
     )
 
 
@@ -233,7 +243,7 @@ class RuleIndex:
         self.size = 0
         for rule in rules:
             self.size += 1
-            if "*" in rule.tool_name:
+            if rule.tool_pattern:
                 by_prefix = self.patterns.setdefault((rule.user_id, rule.session_id), _ByPrefix())
                 bucket = by_prefix.group(literal_prefix(rule.tool_name), _Bucket)
             else:

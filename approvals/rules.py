@@ -124,6 +124,7 @@ def _load() -> RuleIndex:
             "decision",
             "expires_at",
             "note",
+            "literal",
         )
     )
     cached = (compile_rule(row) for row in rows)
@@ -199,6 +200,8 @@ def remember(row: dict, status: str, scope: str, by: Any, reason: str = "") -> R
         "session_id": row["session_id"] if scope == "session" else "",
         "tool_name": row["tool_name"],
         "decision": Answer.ALLOW if status == Status.ALLOWED else Answer.DENY,
+        # For the tool decided, even when its name holds a "*": never a pattern.
+        "literal": True,
     }
     existing = Rule.objects.filter(
         **fields, arguments_match__isnull=True, expires_at__isnull=True

@@ -667,3 +667,19 @@ def test_a_rule_decided_call_holds_no_slot_even_if_nobody_waits():
     assert slot.status == "allowed"
     assert get_listener().pending_slots() == before
     assert gate.wait_tool_decision(slot, aid) == "allow"  # waiting afterwards still works
+
+
+def test_remembered_rule_matches_a_starred_tool_name_literally(alice):
+    aid, slot = _begin(user=alice, tool="read*")
+    assert _decide(aid, by=alice, viewer=alice, remember="always").won
+    assert gate.wait_tool_decision(slot, aid) == "allow"
+    rule = Rule.objects.get()
+    assert (rule.tool_name, rule.literal) == ("read*", True)
+    assert outcome(user=alice, tool="read_secrets", session="other") == "pending"
+    assert outcome(user=alice, tool="read", session="other") == "pending"
+    assert outcome(user=alice, tool="read*", session="other") == "allowed"
+
+
+def test_an_admin_written_star_is_still_a_pattern(alice):
+    Rule.objects.create(user=alice, tool_name="read*", decision="allow")
+    assert outcome(user=alice, tool="read_secrets") == "allowed"

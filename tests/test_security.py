@@ -17,7 +17,7 @@ import logging
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import Client, override_settings
 
 from approvals import gate
 from approvals.models import Approval, Status
@@ -308,3 +308,87 @@ def test_nothing_secret_is_logged_while_deciding(people, caplog):
     for record in caplog.records:
         text = record.getMessage()
         assert session_key not in text and csrf not in text
+
+
+# -- the Origin check compares scheme, host and port ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "scheme", "accepted"),
+    [
+        (b"http://localhost:8000", b"localhost:8000", "ws", True),
+        (b"http://localhost:9999", b"localhost:8000", "ws", False),  # wrong port
+        (b"https://localhost:8000", b"localhost:8000", "ws", False),  # wrong scheme
+        (b"http://localhost", b"localhost:8000", "ws", False),  # default port is another
+        (b"https://localhost", b"localhost", "wss", True),
+        (b"http://localhost", b"localhost", "wss", False),
+        (None, b"localhost:8000", "ws", False),  # no Origin
+        (b"http://evil.example:8000", b"evil.example:8000", "ws", False),  # host not allowed
+    ],
+)
+def test_websocket_origin_check_compares_scheme_host_and_port(
+    people, origin, host, scheme, accepted
+):
+    alice, _ = people
+    cookie = f"sessionid={cookie_of(alice)}".encode()
+    headers = [(b"host", host), (b"cookie", cookie)]
+    if origin is not None:
+        headers.append((b"origin", origin))
+
+    async def scenario():
+        comm = WebsocketCommunicator(application, "/ws/approvals/", headers=headers)
+        comm.scope["scheme"] = scheme
+        connected, _ = await comm.connect(timeout=5)
+        if connected:
+            await comm.disconnect()
+        return connected
+
+    assert run(scenario()) is accepted
+
+
+@override_settings(CSRF_TRUSTED_ORIGINS=["https://*.example.com", "http://inbox.test:8080"])
+def test_websocket_origin_listed_in_csrf_trusted_origins_is_accepted(people):
+    from approvals.security import origin_allowed
+
+    def scope(origin: bytes) -> dict:
+        return {"scheme": "ws", "headers": [(b"host", b"localhost:8000"), (b"origin", origin)]}
+
+    assert origin_allowed(scope(b"https://app.example.com"))
+    assert origin_allowed(scope(b"http://inbox.test:8080"))
+    assert not origin_allowed(scope(b"http://inbox.test:8081"))
+    assert not origin_allowed(scope(b"http://app.example.com"))
+    assert not origin_allowed(scope(b"https://example.com.evil.test"))
+
+
+# -- deciding another user's call costs what an unknown id costs ------------------------------
+
+
+@pytest.mark.parametrize("known_here", [True, False])
+def test_another_users_call_and_an_unknown_id_run_the_same_queries(people, known_here):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from approvals import knownrows
+
+    alice, bob = people
+    theirs = gated(bob)
+    if not known_here:  # gated by another process: this one reads the row
+        knownrows._rows.pop(theirs, None)
+    client = logged_in(alice)
+
+    def queries(aid: str) -> list[str]:
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.post(
+                "/api/inference/tool-confirm",
+                {"approval_id": aid, "decision": "allow"},
+                content_type="application/json",
+            )
+        assert response.status_code == 404
+        return [q["sql"].split(" FROM ")[-1][:40] for q in ctx.captured_queries]
+
+    queries(gate.new_approval_id())  # warm up whatever is cached per process
+    unknown = queries(gate.new_approval_id())
+    other = queries(theirs)
+    assert len(unknown) == len(other)
+    assert unknown == other
+    assert status_of(theirs) == "pending"

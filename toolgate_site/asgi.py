@@ -13,15 +13,15 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from approvals.routing import websocket_urlpatterns  # noqa: E402
+from approvals.security import OriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/", URLRouter(websocket_urlpatterns))]))
         ),
     }

@@ -1,0 +1,189 @@
+"""Sockets follow their user's current state, stay bounded, and never stall one another."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import Permission
+from django.contrib.sessions.models import Session
+from django.db import connection
+from django.test import override_settings
+
+from approvals import gate, hub
+from approvals.models import Approval
+
+from .test_consumer import agate, confirm, next_of, run, snapshot_of, ws
+from .test_consumer import users as users  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+FAST = {"SOCKET_RECHECK_SECONDS": 0.2}
+
+
+async def closed_with(comm, timeout: float = 5) -> int | None:
+    """The close code the socket gets, skipping messages met on the way."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        output = await comm.receive_output(timeout=deadline - time.monotonic())
+        if output["type"] == "websocket.close":
+            return output.get("code")
+    return None
+
+
+@override_settings(APPROVALS=FAST)
+@pytest.mark.parametrize("how", ["deactivated", "session_deleted"])
+def test_a_socket_of_a_deactivated_or_signed_out_user_is_closed(users, how):
+    alice, cookie = users["alice"]
+
+    async def scenario():
+        comm = await ws(cookie)
+        await snapshot_of(comm)
+        if how == "deactivated":
+            await sync_to_async(type(alice).objects.filter(pk=alice.pk).update)(is_active=False)
+        else:
+            await sync_to_async(Session.objects.filter(session_key=cookie).delete)()
+        await agate(user=alice)  # gated after: must not reach the socket
+        code = await closed_with(comm)
+        return code
+
+    assert run(scenario()) == hub.CLOSE_SIGNED_OUT
+
+
+def test_tool_confirm_checks_the_user_as_they_are_now(users):
+    alice, cookie = users["alice"]
+
+    async def scenario():
+        comm = await ws(cookie)
+        await snapshot_of(comm)
+        aid, _ = await agate(user=alice)
+        await sync_to_async(type(alice).objects.filter(pk=alice.pk).update)(is_active=False)
+        reply = await confirm(comm, approval_id=aid, decision="allow")
+        return aid, reply
+
+    aid, reply = run(scenario())
+    assert (reply["resolved"], reply["error"]) == (False, "authentication_required")
+    assert Approval.objects.get(approval_id=aid).status == "pending"
+
+
+@override_settings(APPROVALS=FAST)
+def test_a_decider_who_loses_the_permission_sees_only_their_own_calls(users):
+    boss, cookie = users["boss"]
+    alice, _ = users["alice"]
+
+    async def scenario():
+        comm = await ws(cookie)
+        await snapshot_of(comm)
+        perm = await sync_to_async(Permission.objects.get)(codename="decide_approval")
+        await sync_to_async(boss.user_permissions.remove)(perm)
+        await asyncio.sleep(0.8)
+        await agate(user=alice)
+        own, _ = await agate(user=boss)
+        event = await next_of(comm, "tool_start")
+        reply = await confirm(comm, approval_id=own, decision="deny")
+        return own, event, reply
+
+    own, event, reply = run(scenario())
+    assert event["approval_id"] == own
+    assert reply["resolved"] is True
+
+
+@override_settings(APPROVALS={"SOCKET_QUEUE_LIMIT": 5})
+def test_a_socket_that_falls_behind_is_closed_with_a_bounded_queue(users):
+    alice, cookie = users["alice"]
+
+    async def scenario():
+        comm = await ws(cookie)
+        await snapshot_of(comm)
+        [queue] = [q for q in hub._hubs[asyncio.get_running_loop()].queues]
+        sizes = []
+        original = queue.socket.send
+
+        async def stuck(*args, **kwargs):  # a client that never takes a frame
+            await asyncio.sleep(3600)
+
+        queue.socket.send = stuck
+        for _ in range(20):
+            await agate(user=alice)
+            sizes.append(queue.qsize())
+        code = await closed_with(comm)
+        queue.socket.send = original
+        return sizes, code, queue
+
+    sizes, code, queue = run(scenario())
+    assert max(sizes) <= 5
+    assert code == hub.CLOSE_TOO_SLOW
+    assert queue.dropped
+
+
+@override_settings(APPROVALS={"MAX_SOCKETS_PER_USER": 2})
+def test_a_user_may_open_only_so_many_sockets(users):
+    _, cookie = users["alice"]
+
+    async def scenario():
+        first, second = await ws(cookie), await ws(cookie)
+        comm = await ws(cookie)
+        code = await closed_with(comm)
+        for c in (first, second):
+            await c.disconnect()
+        return code
+
+    assert run(scenario()) == 4429
+
+
+@override_settings(APPROVALS={"SNAPSHOT_MAX_BYTES": 40_000})
+def test_the_snapshot_is_capped_by_bytes_and_says_how_many_more(users):
+    alice, cookie = users["alice"]
+
+    async def scenario():
+        for _ in range(6):
+            await agate(user=alice, arguments={"blob": "x" * 10_000})
+        comm = await ws(cookie)
+        message = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        return message
+
+    message = run(scenario())
+    assert len(message["pending"]) == 3 and message["more"] == 3
+
+
+def test_arguments_over_the_limit_are_refused_by_the_gate():
+    limit = override_settings(APPROVALS={"MAX_ARGUMENTS_BYTES": 1000})
+    with limit, pytest.raises(ValueError, match="MAX_ARGUMENTS_BYTES"):
+        gate.begin_tool_decision("s", gate.new_approval_id(), arguments={"x": "y" * 2000})
+    for bad in ({"x": "\ud800"}, {"x": "a\x00b"}):
+        with pytest.raises(ValueError):
+            gate.begin_tool_decision("s", gate.new_approval_id(), arguments=bad)
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="locks the SQLite file")
+def test_a_locked_database_does_not_stall_other_sockets(users):
+    """A writer holds the SQLite file; a read-only confirm and a new connect still answer."""
+    _, bob_cookie = users["bob"]
+    _, alice_cookie = users["alice"]
+    name = settings.DATABASES["default"]["TEST"].get("NAME") or connection.settings_dict["NAME"]
+
+    async def scenario():
+        bob = await ws(bob_cookie)
+        await snapshot_of(bob)
+        locker = sqlite3.connect(connection.settings_dict["NAME"] or name, timeout=1)
+        locker.isolation_level = None
+        locker.execute("BEGIN IMMEDIATE")
+        try:
+            started = time.monotonic()
+            reply = await confirm(bob, approval_id=gate.new_approval_id(), decision="allow")
+            answered = time.monotonic() - started
+            alice = await ws(alice_cookie)
+            await snapshot_of(alice)
+            connected = time.monotonic() - started
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        return reply, answered, connected
+
+    reply, answered, connected = run(scenario())
+    assert reply["error"] == "not_found"
+    assert answered < 5 and connected < 10
