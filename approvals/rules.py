@@ -244,12 +244,13 @@ RULES_CHANGED = "rules_changed"
 def invalidate(local_only: bool = False) -> None:
     """Drop this process's cached rules; unless ``local_only``, tell the others too.
 
-    The others are told through this process's listener when one runs; every
+    The others are told at once through this process's listener (started if
+    need be: a process that changes rules takes part in the live site); every
     process also notices a change within ``RULES_CACHE_SECONDS`` by itself.
     """
     _cache.clear()
     if not local_only:
-        listener.dispatch({"type": RULES_CHANGED})
+        listener.get_listener().publish({"type": RULES_CHANGED})
 
 
 def connect() -> None:
