@@ -18,6 +18,8 @@ UNKNOWN_TYPE = "unknown_type"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 CSRF_FAILED = "csrf_failed"
 DATABASE_UNAVAILABLE = "database_unavailable"
+NOT_EDITABLE = "not_editable"
+INVALID_ARGUMENTS = "invalid_arguments"
 
 #: The sentence sent with a code when the raiser gave none more precise.
 DETAILS = {
@@ -27,6 +29,8 @@ DETAILS = {
     METHOD_NOT_ALLOWED: "This endpoint accepts only POST.",
     CSRF_FAILED: "The CSRF check failed: send the csrftoken cookie's value in X-CSRFToken.",
     DATABASE_UNAVAILABLE: "The database could not be reached, so nothing was decided. Try again.",
+    NOT_EDITABLE: "This tool call was gated without editable=True: allow or deny it as proposed.",
+    INVALID_ARGUMENTS: "The edited arguments do not satisfy the call's arguments_schema.",
 }
 
 
