@@ -29,7 +29,6 @@ from pydantic_ai import (  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 
 from approvals import gate  # noqa: E402
-from approvals.integrations import approval_id_for  # noqa: E402
 from approvals.integrations.pydantic_ai import (  # noqa: E402
     adeferred_results,
     defer_requests,
@@ -304,7 +303,7 @@ def test_native_requires_approval_maps_through_defer_requests():
     verdicts = defer_requests(requests, session_id="chat-native")
     assert verdicts["c-7"].pending
     aid = requests.metadata["c-7"]["approval_id"]
-    assert aid == approval_id_for("chat-native", "c-7", "delete_file")
+    assert aid == Approval.objects.get(session_id="chat-native", tool_call_id="c-7").approval_id
     assert defer_requests(requests, session_id="chat-native")["c-7"].pending  # idempotent
     assert gate.resolve_tool_decision(aid, "deny", "chat-native", reason="not on a Friday")
     results = deferred_results(requests, session_id="chat-native")

@@ -46,6 +46,7 @@ from . import (
     defer_call,
     jsonable,
     outcomes,
+    run_allowed,
 )
 
 __all__ = [
@@ -96,10 +97,19 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         options = GateOptions(self.session_id, self.user, self.context, self.timeout)
         target = options.target(ctx, ctx.deps)
-        call = ToolCall(name, jsonable(tool_args), ctx.tool_call_id or "")
+        tool_def = tool.tool_def
+        call = ToolCall(
+            name,
+            jsonable(tool_args),
+            ctx.tool_call_id or "",
+            tool_def.description or "",
+            True,  # the tool runs with the arguments the person approved
+            tool_def.parameters_json_schema or None,
+        )
 
-        async def run() -> Any:
-            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+        async def run(approved: dict) -> Any:
+            args = tool_args if approved == call.arguments else approved
+            return await self.wrapped.call_tool(name, args, ctx, tool)
 
         if self.defer:
             return await self._deferred(target, call, ctx, run)
@@ -116,7 +126,7 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
         if verdict.pending:
             raise ApprovalRequired(metadata={METADATA_KEY: approval_id})
         if verdict.allowed:
-            return await run()
+            return await run_allowed(approval_id, run)
         return verdict.message
 
     def _gates(self, name: str, args: dict, ctx: RunContext, tool: ToolsetTool) -> bool:
@@ -238,7 +248,12 @@ def _results(ids: dict[str, str], verdicts: dict[str, Verdict]) -> DeferredToolR
         verdict = verdicts.get(approval_id)
         if verdict is None or verdict.pending:
             continue
-        approvals[tool_call_id] = ToolApproved() if verdict.allowed else ToolDenied(verdict.message)
+        if verdict.allowed:
+            # A person's edit travels as Pydantic AI's own override of the call's arguments.
+            edit = verdict.edited_arguments
+            approvals[tool_call_id] = ToolApproved(override_args=edit) if edit else ToolApproved()
+        else:
+            approvals[tool_call_id] = ToolDenied(verdict.message)
         metadata[tool_call_id] = {METADATA_KEY: approval_id}
     return DeferredToolResults(approvals=approvals, metadata=metadata)
 
