@@ -24,6 +24,7 @@ with Pydantic AI's own ``requires_approval=True`` map the same way through
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,12 +67,12 @@ ToolFilter = Callable[[RunContext[Any], ToolDefinition, dict[str, Any]], bool]
 
 @dataclass
 class GatedToolset(WrapperToolset[AgentDepsT]):
-    """A toolset whose calls (all, or those ``tools`` selects) wait for a person's answer.
+    """A toolset whose calls (all, or those ``only`` selects) wait for a person's answer.
 
     The session and user of each call come from ``context(ctx)`` when given,
     else the fixed ``session_id``/``user``, else the run's deps (any object or
     mapping with ``session_id`` and ``user``, see
-    :class:`~approvals.integrations.GateContext`). ``tools`` is a collection of
+    :class:`~approvals.integrations.GateContext`). ``only`` is a collection of
     tool names or a ``(ctx, tool_def, args) -> bool`` predicate; ``None`` gates
     every tool. ``timeout`` is how long a call may wait (default
     ``APPROVALS["DECISION_TIMEOUT"]``). ``defer=True`` ends the run with
@@ -81,6 +82,8 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
     session_id: str | None = field(default=None, kw_only=True)
     user: Any = field(default=None, kw_only=True)
     context: Callable[[RunContext[AgentDepsT]], Any] | None = field(default=None, kw_only=True)
+    only: Collection[str] | ToolFilter | None = field(default=None, kw_only=True)
+    #: The former name of ``only``; still read, with a DeprecationWarning.
     tools: Collection[str] | ToolFilter | None = field(default=None, kw_only=True)
     timeout: float | None = field(default=None, kw_only=True)
     defer: bool = field(default=False, kw_only=True)
@@ -129,12 +132,22 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
             return await run_allowed(approval_id, run)
         return verdict.message
 
+    def __post_init__(self) -> None:
+        if self.tools is not None:
+            warnings.warn(
+                "GatedToolset(tools=...) is now only=..., as in gated()",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if self.only is None:
+                self.only = self.tools
+
     def _gates(self, name: str, args: dict, ctx: RunContext, tool: ToolsetTool) -> bool:
-        if self.tools is None:
+        if self.only is None:
             return True
-        if callable(self.tools):
-            return bool(self.tools(ctx, tool.tool_def, args))
-        return name in self.tools
+        if callable(self.only):
+            return bool(self.only(ctx, tool.tool_def, args))
+        return name in self.only
 
 
 def gated(
@@ -159,7 +172,7 @@ def gated(
         session_id=session_id,
         user=user,
         context=context,
-        tools=only,
+        only=only,
         timeout=timeout,
         defer=defer,
     )
