@@ -189,17 +189,27 @@ def resolve_tool_decision(
     user: Any = None,
     via: str = "api",
     reason: str = "",
+    arguments: dict | None = None,
 ) -> bool:
     """Decide a pending call; ``True`` only for the call whose decision won.
 
     ``False`` for an unknown id, a call already decided or expired, or a
     ``session_id`` that does not match. A ``decision`` other than ``"allow"`` or
-    ``"deny"`` raises ``ValueError`` and changes nothing.
+    ``"deny"`` raises ``ValueError`` and changes nothing. ``arguments`` (with
+    ``"allow"``) allows an editable call with a person's edit; a call not gated
+    editable, or arguments failing its schema, raise ``ValueError``
+    (:class:`~approvals.errors.RequestError`) and change nothing.
     """
     status = status_for_answer(decision)
     get_listener()  # this process will announce the decision: its listener runs
     outcome = decide(
-        approval_id, status, via=via, by=user, reason=reason or "", session_id=session_id
+        approval_id,
+        status,
+        via=via,
+        by=user,
+        reason=reason or "",
+        session_id=session_id,
+        edited_arguments=arguments,
     )
     return outcome.won
 

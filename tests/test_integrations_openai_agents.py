@@ -467,3 +467,19 @@ def test_a_deferred_edit_runs_the_edit_on_resume():
     Runner.run_sync(agent, state, context=context)
     assert tools.ran == [("delete_file", "/srv/y")]
     assert Approval.objects.get(pk=row.pk).executed_at is not None
+
+
+@pytest.mark.parametrize("example", ["openai_agents_gated.py", "pydantic_ai_gated.py"])
+@pytest.mark.parametrize("deferred", [[], ["--deferred"]])
+def test_the_examples_run_an_edited_call(child_env, python, example, deferred):
+    out = subprocess.run(
+        [python, f"examples/{example}", "--edit", '{"path": "/srv/old-logs/2024"}', *deferred],
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "edited to {'path': '/srv/old-logs/2024'}" in out.stdout
+    assert "[tool] deleting /srv/old-logs/2024" in out.stdout
