@@ -353,7 +353,7 @@ def test_edit_then_allow_with_changes_runs_the_edit(server, agent, browser, tmp_
         arguments_schema=schema,
     )
     card = _card(page, aid)
-    expect(card).to_be_visible(timeout=6000)
+    expect(card).to_be_visible(timeout=15000)
     expect(card.locator(".description")).to_contain_text("Free disk space")
     expect(card.locator(".description")).to_contain_text("⟨U+202E⟩")
     card.get_by_role("button", name="Edit", exact=True).click()
@@ -367,7 +367,7 @@ def test_edit_then_allow_with_changes_runs_the_edit(server, agent, browser, tmp_
     shot = EDIT_SCREENSHOT if os.environ.get("TOOLGATE_UPDATE_SCREENSHOT") else tmp_path / "e.png"
     card.screenshot(path=str(shot))
     card.get_by_role("button", name="Allow with changes", exact=True).click()
-    line = agent.agent.answer(aid, 10)
+    line = agent.agent.answer(aid, 20)
     assert line["answer"] == "allow"
     assert line["arguments"] == {"paths": ["build"]}
     entry = page.locator(f'#history-list .entry[data-approval-id="{aid}"]')
@@ -380,7 +380,7 @@ def test_allow_all_decides_every_shown_call_after_one_confirmation(server, agent
     page = _sign_in(browser, server, accept_dialogs=True)
     ids = [agent.gate("run_shell", {"command": f"echo {n}"}) for n in range(3)]
     for aid in ids:
-        expect(_card(page, aid)).to_be_visible(timeout=6000)
+        expect(_card(page, aid)).to_be_visible(timeout=15000)
     page.get_by_role("button", name="Allow all", exact=True).click()
     for aid in ids:
         assert agent.answer(aid) == ("allow", "")
