@@ -32,7 +32,15 @@ def decided_among(approval_ids: list[str]) -> list[dict]:
     return events
 
 
-_DECISION_FIELDS = ("approval_id", "session_id", "user_id", "status", "decided_via", "reason")
+_DECISION_FIELDS = (
+    "approval_id",
+    "session_id",
+    "user_id",
+    "status",
+    "decided_via",
+    "reason",
+    "edited_arguments",
+)
 
 
 def decision_events(qs) -> list[dict]:
@@ -41,7 +49,12 @@ def decision_events(qs) -> list[dict]:
     rows = qs.annotate(decided_by_name=name).values(*_DECISION_FIELDS, "decided_by_name")
     return [
         events.tool_decision(
-            row, row["status"], row["decided_via"], row["decided_by_name"], row["reason"]
+            row,
+            row["status"],
+            row["decided_via"],
+            row["decided_by_name"],
+            row["reason"],
+            row["edited_arguments"],
         )
         for row in rows
     ]
@@ -74,7 +87,13 @@ class DatabaseTail:
         query = Q(pk__gt=self.last_pk)
         if self.holes:
             query |= Q(pk__in=list(self.holes))
-        rows = list(Approval.objects.filter(query).order_by("pk").values(*fields)[:2000])
+        owner = F(f"user__{get_user_model().USERNAME_FIELD}")
+        rows = list(
+            Approval.objects.filter(query)
+            .annotate(owner=owner)
+            .order_by("pk")
+            .values(*fields, "owner")[:2000]
+        )
         now = time.monotonic()
         for row in rows:
             self.holes.pop(row["pk"], None)

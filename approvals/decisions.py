@@ -16,9 +16,16 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from . import announce, events, knownrows, rules
+from . import announce, argschema, events, knownrows, rules
 from .aftercommit import atomic_then
-from .errors import ALREADY_DECIDED
+from .errors import (
+    ALREADY_DECIDED,
+    INVALID_ARGUMENTS,
+    INVALID_FIELD,
+    NOT_EDITABLE,
+    RequestError,
+    detail_for,
+)
 from .errors import NOT_FOUND as NOT_FOUND_CODE
 from .models import REMEMBER_SCOPES, Approval, Status, Via, status_for_answer
 from .permissions import may_decide_any
@@ -54,6 +61,7 @@ def decide(
     session_id: str | None = None,
     viewer: Any = None,
     remember: str | None = None,
+    edited_arguments: dict | None = None,
 ) -> Outcome:
     """Try to move one pending approval to ``status``; report who won.
 
@@ -61,7 +69,11 @@ def decide(
     is reported ``not_found``. ``session_id``, when given, must match. A person's
     answer (allowed/denied) only wins before ``expires_at``; a late one finds the
     call expired. ``remember`` (``"session"``/``"always"``) stores a rule in the
-    same transaction as the decision.
+    same transaction as the decision. ``edited_arguments`` (only with ``allowed``)
+    allows the call with a person's edit, written in the same conditional update;
+    a call gated without ``editable=True`` raises :class:`RequestError`
+    ``not_editable``, and arguments failing its ``arguments_schema`` raise
+    ``invalid_arguments``; neither changes anything.
     """
     if status not in Status.values or status == Status.PENDING:
         raise ValueError(f"not a final status: {status!r}")
@@ -69,6 +81,8 @@ def decide(
         raise ValueError(f"not a decision channel: {via!r}")
     if remember not in (None, *REMEMBER_SCOPES):
         raise ValueError(f'remember must be "session" or "always", not {remember!r}')
+    if edited_arguments is not None and status != Status.ALLOWED:
+        raise ValueError("edited arguments go only with an allow")
     if not isinstance(approval_id, str) or not approval_id:
         return NOT_FOUND
     row = _visible_row(approval_id, session_id, viewer)
@@ -76,25 +90,39 @@ def decide(
         return NOT_FOUND
     if row["status"] != Status.PENDING:
         return Outcome(False, row["status"], ALREADY_DECIDED, approval_id)
+    edit = _checked_edit(row, edited_arguments) if edited_arguments is not None else None
 
     now = timezone.now()
     by_id = getattr(by, "pk", by)
     before_deadline = status in (Status.ALLOWED, Status.DENIED, Status.ABANDONED)
     with atomic_then([]) as after:
         changed = _conditional_update(
-            row["pk"], status, via, by_id, reason or "", now, before_deadline
+            row["pk"], status, via, by_id, reason or "", now, before_deadline, edit
         )
         if changed and remember and status in (Status.ALLOWED, Status.DENIED):
             rules.remember(row, status, remember, by, reason or "")
         if changed:
-            event = events.tool_decision(row, status, via, by, reason or "")
+            event = events.tool_decision(row, status, via, by, reason or "", edit)
             after.append(lambda: announce.call_decided(row["pk"], event))
     if changed:
         return Outcome(True, status, "", approval_id)
     return _explain_loss(row, now)
 
 
-def _conditional_update(pk, status, via, by_id, reason, now, before_deadline) -> int:
+def _checked_edit(row: dict, edited: Any) -> dict | None:
+    """The edit to store (``None`` when it equals the proposal), or :class:`RequestError`."""
+    if not isinstance(edited, dict):
+        raise RequestError(INVALID_FIELD, 'The field "arguments" must be a JSON object.')
+    if not row.get("editable"):
+        raise RequestError(NOT_EDITABLE, detail_for(NOT_EDITABLE))
+    problem = argschema.problem(edited, row.get("arguments_schema"))
+    if problem is not None:
+        raise RequestError(INVALID_ARGUMENTS, f"The edited arguments do not fit: {problem}")
+    proposal = Approval.objects.filter(pk=row["pk"]).values_list("arguments", flat=True).first()
+    return None if edited == proposal else edited
+
+
+def _conditional_update(pk, status, via, by_id, reason, now, before_deadline, edit=None) -> int:
     """``UPDATE … WHERE status = 'pending' [AND expires_at > now]``; the rows changed.
 
     Written as one prepared statement rather than through the queryset API: it
@@ -114,7 +142,11 @@ def _conditional_update(pk, status, via, by_id, reason, now, before_deadline) ->
     # The user's key goes through its field, so UUID and other key types are stored
     # the way this backend stores them.
     by_value = meta.get_field("decided_by").get_db_prep_save(by_id, connection)
-    params = [status, via, by_value, reason, when, pk, Status.PENDING]
+    params = [status, via, by_value, reason, when]
+    if edit is not None:
+        sql = sql.replace(" WHERE ", f", {col['edited_arguments']} = %s WHERE ", 1)
+        params.append(meta.get_field("edited_arguments").get_db_prep_save(edit, connection))
+    params += [pk, Status.PENDING]
     if before_deadline:
         sql += f" AND {col['expires_at']} > %s"
         params.append(when)

@@ -41,6 +41,7 @@ __all__ = [
     "call_approval_id",
     "defer_call",
     "outcomes",
+    "run_allowed",
 ]
 
 T = TypeVar("T")
@@ -56,11 +57,19 @@ class Target:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call as the framework made it: name, JSON arguments, the framework's call id."""
+    """One call as the framework made it: name, JSON arguments, the framework's call id.
+
+    ``description`` is shown on the card; ``editable`` lets a person change the
+    arguments before allowing (the adapter then runs what was approved), checked
+    against ``arguments_schema`` (the tool's JSON Schema) when given.
+    """
 
     tool_name: str
     arguments: dict
     tool_call_id: str = ""
+    description: str = ""
+    editable: bool = False
+    arguments_schema: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class Verdict:
     approval_id: str
     status: str
     message: str = ""
+    #: A person's edit of an allowed call's arguments; ``None`` when run as proposed.
+    edited_arguments: dict | None = None
 
     @property
     def allowed(self) -> bool:
@@ -109,6 +120,10 @@ def call_approval_id(target: Target, call: ToolCall, hint: Any = None, scope: st
     """
     if _hint_matches(target, call, hint):
         return hint
+    # The arguments are part of the id: a model that reuses a call id (``call_0`` on
+    # every turn) for another call gets another id, the same one wherever the call
+    # is seen again (gating, deferring, applying decisions), with nothing to carry.
+    scope = f"{scope}\x1e{_canonical(call.arguments)}"
     approval_id = approval_id_for(target.session_id, call.tool_call_id, call.tool_name, scope)
     if not call.tool_call_id:
         return approval_id
@@ -154,28 +169,51 @@ def _begin(target: Target, call: ToolCall, approval_id: str, timeout: float | No
         user=target.user,
         tool_call_id=call.tool_call_id,
         timeout=timeout,
+        description=call.description[:2000],
+        editable=call.editable,
+        arguments_schema=call.arguments_schema,
     )
 
 
 async def agate_call(
     target: Target,
     call: ToolCall,
-    run: Callable[[], Awaitable[T]],
+    run: Callable[[dict], Awaitable[T]],
     *,
     approval_id: str,
     timeout: float | None = None,
 ) -> T | str:
     """Gate ``call``, wait for the answer without blocking the loop, then run it or refuse.
 
-    On allow, returns what ``run()`` returns. On deny, expiry or cancel, returns
+    On allow, returns what ``run(arguments)`` returns, called with the approved
+    arguments (a person's edit, else the proposal), and records
+    ``mark_executed``. On deny, expiry or cancel, returns
     :func:`~approvals.gate.denial_message` for the model, and ``run`` is never
     called. Cancelling the awaiting task records ``cancelled``.
     """
     slot = await sync_to_async(_begin)(target, call, approval_id, timeout)
     answer = await gate.await_tool_decision(slot, approval_id)
     if answer == "allow":
-        return await run()
+        return await run_allowed(approval_id, run)
     return await gate.adenial_message(approval_id)
+
+
+async def run_allowed(approval_id: str, run: Callable[[dict], Awaitable[T]]) -> T:
+    """Run an allowed call with its approved arguments, then report that it ran
+    (``mark_executed``: ok, or not ok with the exception, which is re-raised)."""
+    decision = await gate.aget_decision(approval_id)
+    try:
+        result = await run(decision.arguments)
+    except BaseException as exc:
+        await gate.amark_executed(approval_id, ok=False, summary=f"{type(exc).__name__}: {exc}")
+        raise
+    await gate.amark_executed(approval_id, ok=True, summary=_summary(result))
+    return result
+
+
+def _summary(result: Any) -> str:
+    text = result if isinstance(result, str) else repr(result)
+    return text[:500]
 
 
 def defer_call(
@@ -259,6 +297,13 @@ def _current_status(approval_id: str) -> str:
 
 
 def _verdict(approval_id: str, status: str) -> Verdict:
-    if status in (Status.ALLOWED, Status.PENDING):
+    if status == Status.ALLOWED:
+        edit = (
+            Approval.objects.filter(approval_id=approval_id)
+            .values_list("edited_arguments", flat=True)
+            .first()
+        )
+        return Verdict(approval_id, status, "", edit)
+    if status == Status.PENDING:
         return Verdict(approval_id, status)
     return Verdict(approval_id, status, gate.denial_message(approval_id))

@@ -22,6 +22,8 @@ INVALID_KEY = "invalid_key"
 APPROVAL_ID_IN_USE = "approval_id_in_use"
 NOT_ALLOWED = "not_allowed"
 ALREADY_EXECUTED = "already_executed"
+NOT_EDITABLE = "not_editable"
+INVALID_ARGUMENTS = "invalid_arguments"
 
 #: The sentence sent with a code when the raiser gave none more precise.
 DETAILS = {
@@ -35,6 +37,8 @@ DETAILS = {
     APPROVAL_ID_IN_USE: "That approval_id is already used by another user or session.",
     NOT_ALLOWED: "That tool call was not allowed, so it cannot have run.",
     ALREADY_EXECUTED: "That tool call was reported executed already; a call runs once.",
+    NOT_EDITABLE: "This tool call was gated without editable=True: allow or deny it as proposed.",
+    INVALID_ARGUMENTS: "The edited arguments do not satisfy the call's arguments_schema.",
 }
 
 

@@ -39,6 +39,10 @@ def pending_item(approval: Any) -> dict:
     item["expires_at"] = iso(item["expires_at"])
     if item["arguments_schema"] is None:  # carried only when the call has one
         del item["arguments_schema"]
+    # Whose call it is (a username), for a viewer who decides for others; null when unknown.
+    item["user"] = (
+        approval.get("owner") if isinstance(approval, dict) else getattr(approval, "owner", None)
+    )
     return item
 
 
@@ -58,8 +62,10 @@ def tool_start(approval: Any) -> dict:
     return event
 
 
-def tool_decision(row: dict, status: str, via: str, by: Any, reason: str) -> dict:
-    """The event sent once a call is decided."""
+def tool_decision(
+    row: dict, status: str, via: str, by: Any, reason: str, edited_arguments: Any = None
+) -> dict:
+    """The event sent once a call is decided (``edited_arguments``: a person's edit, or null)."""
     return {
         "type": "tool_decision",
         "approval_id": row["approval_id"],
@@ -68,6 +74,7 @@ def tool_decision(row: dict, status: str, via: str, by: Any, reason: str) -> dic
         "decided_via": via,
         "decided_by": display_user(by),
         "reason": reason,
+        "edited_arguments": edited_arguments,
         "_user_id": row["user_id"],
     }
 

@@ -17,7 +17,9 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from . import execution
 from .decisions import decide
+from .execution import ToolDecision
 from .gating import (
     check_context,
     check_details,
@@ -34,14 +36,19 @@ from .waiting import INTERRUPTED, Slot, on_set
 __all__ = [
     "TOOL_REJECTED_MESSAGE",
     "Slot",
+    "ToolDecision",
     "aabort_tool_decision",
     "abegin_tool_decision",
     "abort_tool_decision",
     "arequest_tool_decision",
+    "aget_decision",
+    "amark_executed",
     "aresolve_tool_decision",
     "await_tool_decision",
     "begin_tool_decision",
     "denial_message",
+    "get_decision",
+    "mark_executed",
     "new_approval_id",
     "release_tool_decision",
     "request_tool_decision",
@@ -113,7 +120,8 @@ def begin_tool_decision(
         "arguments_schema": arguments_schema,
         "agent_key_id": getattr(agent_key, "pk", agent_key),
     }
-    return gate_call(listener, details, seconds)
+    owner = user.get_username() if hasattr(user, "get_username") else None
+    return gate_call(listener, details, seconds, owner)
 
 
 def wait_tool_decision(
@@ -181,17 +189,27 @@ def resolve_tool_decision(
     user: Any = None,
     via: str = "api",
     reason: str = "",
+    arguments: dict | None = None,
 ) -> bool:
     """Decide a pending call; ``True`` only for the call whose decision won.
 
     ``False`` for an unknown id, a call already decided or expired, or a
     ``session_id`` that does not match. A ``decision`` other than ``"allow"`` or
-    ``"deny"`` raises ``ValueError`` and changes nothing.
+    ``"deny"`` raises ``ValueError`` and changes nothing. ``arguments`` (with
+    ``"allow"``) allows an editable call with a person's edit; a call not gated
+    editable, or arguments failing its schema, raise ``ValueError``
+    (:class:`~approvals.errors.RequestError`) and change nothing.
     """
     status = status_for_answer(decision)
     get_listener()  # this process will announce the decision: its listener runs
     outcome = decide(
-        approval_id, status, via=via, by=user, reason=reason or "", session_id=session_id
+        approval_id,
+        status,
+        via=via,
+        by=user,
+        reason=reason or "",
+        session_id=session_id,
+        edited_arguments=arguments,
     )
     return outcome.won
 
@@ -210,6 +228,28 @@ def denial_message(approval_id: str) -> str:
     if status == Status.DENIED and reason:
         return f"{TOOL_REJECTED_MESSAGE} Reason: {reason}"
     return TOOL_REJECTED_MESSAGE
+
+
+def get_decision(approval_id: str) -> ToolDecision:
+    """The call's outcome as the agent needs it: whether to run it, with which arguments
+    (the person's edit if any, else the proposal), or what to tell the model.
+
+    Raises ``Approval.DoesNotExist`` for an unknown ``approval_id``.
+    """
+    row = execution.decision_row(approval_id)
+    if row is None:
+        raise Approval.DoesNotExist(f"no approval {approval_id!r}")
+    message = None if row["status"] == Status.ALLOWED else denial_message(approval_id)
+    return execution.tool_decision(row, message)
+
+
+def mark_executed(approval_id: str, ok: bool = True, summary: str = "") -> bool:
+    """Record that the allowed call ran (``ok``: it succeeded; ``summary``: what it did).
+
+    ``True`` once; ``False`` when the call is unknown, not allowed, or was
+    reported already: a call runs once.
+    """
+    return execution.record_execution(approval_id, ok, summary) == execution.EXECUTED
 
 
 # -- async twins -----------------------------------------------------------
@@ -305,3 +345,13 @@ async def aresolve_tool_decision(
 async def adenial_message(approval_id: str) -> str:
     """Async :func:`denial_message`."""
     return await sync_to_async(denial_message)(approval_id)
+
+
+async def aget_decision(approval_id: str) -> ToolDecision:
+    """Async :func:`get_decision`."""
+    return await sync_to_async(get_decision)(approval_id)
+
+
+async def amark_executed(approval_id: str, ok: bool = True, summary: str = "") -> bool:
+    """Async :func:`mark_executed`."""
+    return await sync_to_async(mark_executed)(approval_id, ok, summary)

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
-from . import announce, knownrows, rules
+from . import announce, argschema, knownrows, rules
 from .aftercommit import atomic_then
 from .conf import setting
 from .decisions import decide
@@ -23,10 +23,13 @@ from .models import Approval, Status, Via, status_for_answer
 from .waiting import INTERRUPTED, Slot
 
 
-def gate_call(listener: Listener, details: dict[str, Any], seconds: float) -> Slot:
+def gate_call(
+    listener: Listener, details: dict[str, Any], seconds: float, owner: str | None = None
+) -> Slot:
     """Register a slot, write the row (already decided when a rule answers), announce it.
 
     An ``approval_id`` already written resumes that call instead (see :func:`resume`).
+    ``owner`` (the user's username, when known) goes out with ``tool_start``.
     """
     rule = rules.match(
         details["user_id"], details["session_id"], details["tool_name"], details["arguments"]
@@ -46,6 +49,7 @@ def gate_call(listener: Listener, details: dict[str, Any], seconds: float) -> Sl
     try:
         with atomic_then([]) as after:
             approval = Approval.objects.create(**fields)
+            approval.owner = owner
             after.append(lambda: announce.call_gated(approval))
         knownrows.remember(approval)
     except IntegrityError:
@@ -174,6 +178,7 @@ def check_context(description: Any, editable: Any, arguments_schema: Any) -> Non
             json.dumps(arguments_schema)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"arguments_schema must be JSON-serialisable: {exc}") from None
+        argschema.check_schema(arguments_schema)
 
 
 def with_db_cleanup(fn):

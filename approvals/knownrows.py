@@ -12,7 +12,16 @@ from typing import Any
 
 from .models import Approval, Status
 
-FIELDS = ("pk", "approval_id", "session_id", "user_id", "tool_name", "tool_call_id")
+FIELDS = (
+    "pk",
+    "approval_id",
+    "session_id",
+    "user_id",
+    "tool_name",
+    "tool_call_id",
+    "editable",
+    "arguments_schema",
+)
 _MAX = 20_000
 _rows: OrderedDict[str, dict] = OrderedDict()
 _lock = threading.Lock()

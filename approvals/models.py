@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -92,7 +93,9 @@ class ApprovalQuerySet(models.QuerySet):
 
     def pending_items(self, limit: int) -> list[dict]:
         """Oldest first, as ``tool-approvals``, the snapshot and ``tool_start`` list them."""
-        rows = self.order_by("created_at", "pk").values(*events.PENDING_FIELDS)
+        owner = models.F(f"user__{get_user_model().USERNAME_FIELD}")
+        rows = self.annotate(owner=owner).order_by("created_at", "pk")
+        rows = rows.values(*events.PENDING_FIELDS, "owner")
         return [events.pending_item(row) for row in rows[:limit]]
 
 

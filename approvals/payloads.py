@@ -33,6 +33,8 @@ class DecisionRequest:
     session_id: str | None
     reason: str
     remember: str | None
+    #: A person's edit of the call's arguments (only with ``allow``); ``None``: as proposed.
+    arguments: dict | None = None
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -102,7 +104,37 @@ def parse_decision(data: dict) -> DecisionRequest:
         raise RequestError(
             INVALID_FIELD, 'The field "remember" must be "session", "always" or absent.'
         )
-    return DecisionRequest(approval_id, decision, session_id, reason, remember)
+    arguments = _edited_arguments(data, decision)
+    return DecisionRequest(approval_id, decision, session_id, reason, remember, arguments)
+
+
+def _edited_arguments(data: dict, decision: str) -> dict | None:
+    value = data.get("arguments")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(INVALID_FIELD, 'The field "arguments" must be a JSON object.')
+    if decision != "allow":
+        raise RequestError(
+            INVALID_FIELD, 'The field "arguments" goes only with "decision": "allow".'
+        )
+    for text in _strings(value):
+        check_text(text, 'The field "arguments"')
+    return value
+
+
+def _strings(value: Any):
+    """Every key and string inside a JSON value (its nesting is bounded by the body size)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            yield from item.keys()
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def decide_request(ask: DecisionRequest, user: Any, via: str) -> Outcome:
@@ -116,6 +148,7 @@ def decide_request(ask: DecisionRequest, user: Any, via: str) -> Outcome:
         reason=ask.reason,
         session_id=ask.session_id,
         remember=ask.remember,
+        edited_arguments=ask.arguments,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import threading
 import time
@@ -22,6 +23,12 @@ def parse_args(doc: str | None) -> tuple[argparse.Namespace, Any, str]:
     )
     parser.add_argument("--answer", choices=["allow", "deny", "page"], default="allow")
     parser.add_argument("--reason", default="", help="the reason given with the answer")
+    parser.add_argument(
+        "--edit",
+        type=json.loads,
+        default=None,
+        help='allow with these arguments instead (JSON, e.g. \'{"path": "build/"}\')',
+    )
     parser.add_argument("--deferred", action="store_true", help="end the run, then resume it")
     parser.add_argument("--user", default="demo", help="whose run it is (shown to them)")
     parser.add_argument("--url", default="http://127.0.0.1:8000/approvals/")
@@ -44,8 +51,12 @@ def answer_when_pending(args: argparse.Namespace, session_id: str) -> None:
                 row = Approval.objects.filter(session_id=session_id, status="pending").first()
                 if row is not None:
                     time.sleep(0.5)  # long enough to see it on the page
-                    resolve_tool_decision(row.approval_id, args.answer, reason=args.reason)
-                    print(f"  [person] {args.answer} {row.tool_name} {row.arguments}")
+                    edit = args.edit if args.answer == "allow" else None
+                    resolve_tool_decision(
+                        row.approval_id, args.answer, reason=args.reason, arguments=edit
+                    )
+                    shown = row.arguments if edit is None else f"{row.arguments} edited to {edit}"
+                    print(f"  [person] {args.answer} {row.tool_name} {shown}")
                     return
                 time.sleep(0.02)
         finally:

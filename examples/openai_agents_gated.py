@@ -7,6 +7,7 @@ no network. From the project root, after ``python manage.py migrate``::
     python examples/openai_agents_gated.py --answer deny --reason "not on a Friday"
     python examples/openai_agents_gated.py --answer page      # you answer at /approvals/
     python examples/openai_agents_gated.py --deferred         # interrupt, then resume
+    python examples/openai_agents_gated.py --edit '{"path": "build/cache"}'  # allowed with an edit
 
 ``--answer page`` needs the site running alongside (``make demo``) and shows
 the call to the ``--user`` (default ``demo``, made by ``make demo``).

@@ -7,6 +7,7 @@ key and no network. From the project root, after ``python manage.py migrate``::
     python examples/pydantic_ai_gated.py --answer deny --reason "not on a Friday"
     python examples/pydantic_ai_gated.py --answer page        # you answer at /approvals/
     python examples/pydantic_ai_gated.py --deferred           # the run ends, then resumes
+    python examples/pydantic_ai_gated.py --edit '{"path": "build/cache"}'  # allowed with an edit
 
 ``--answer page`` needs the site running alongside (``make demo``) and shows
 the call to the ``--user`` (default ``demo``, made by ``make demo``).

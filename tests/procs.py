@@ -297,7 +297,9 @@ def _agent_main() -> None:
 
     def wait(slot: Any, aid: str) -> None:
         answer = gate.wait_tool_decision(slot, aid)
-        emit(event="answer", approval_id=aid, answer=answer, t=time.monotonic())
+        # What the agent would run: the person's edit if any, else the proposal.
+        ran = gate.get_decision(aid).arguments if answer == "allow" else None
+        emit(event="answer", approval_id=aid, answer=answer, arguments=ran, t=time.monotonic())
 
     listener = get_listener()
     link = listener.link
@@ -316,6 +318,9 @@ def _agent_main() -> None:
                 arguments=command.get("arguments", {"cmd": "ls"}),
                 user=command.get("user_id"),
                 timeout=command.get("timeout"),
+                description=command.get("description", ""),
+                editable=command.get("editable", False),
+                arguments_schema=command.get("arguments_schema"),
             )
         except Exception as exc:
             emit(event="error", detail=repr(exc))

@@ -252,6 +252,12 @@ def test_export_csv_streams_every_audit_column(viewer, decider, django_user_mode
         "decided_at",
         "expires_at",
         "seconds_to_decision",
+        "description",
+        "editable",
+        "edited_arguments",
+        "executed_at",
+        "execution_ok",
+        "execution_summary",
         "agent_key",
     ]
     assert rows[1] == [
@@ -269,6 +275,12 @@ def test_export_csv_streams_every_audit_column(viewer, decider, django_user_mode
         a.decided_at.isoformat(),
         a.expires_at.isoformat(),
         "90.000",
+        "",
+        "no",
+        "",
+        "",
+        "",
+        "",
         "",
     ]
     assert rows[2][0] == b.approval_id and rows[2][2] == "" and rows[2][11] == ""
@@ -318,3 +330,26 @@ def test_process_leases_are_listed_read_only(superuser):
     delete = reverse("admin:approvals_processlease_delete", args=[lease.pk])
     assert client.post(delete, {"post": "yes"}).status_code == 403
     assert ProcessLease.objects.filter(pk=lease.pk).exists()
+
+
+@pytest.mark.django_db
+def test_csv_and_detail_show_the_edit_and_the_run(admin_client, django_user_model):
+    from approvals import gate
+    from approvals.admin.export import csv_rows
+    from approvals.decisions import decide
+
+    aid = gate.new_approval_id()
+    gate.begin_tool_decision(
+        "s-x", aid, tool_name="rm", arguments={"p": "a b"}, description="tidy", editable=True
+    )
+    decide(aid, "allowed", via="api", edited_arguments={"p": "a"})
+    assert gate.mark_executed(aid, summary="removed a")
+    rows = list(csv_rows(Approval.objects.filter(approval_id=aid)))
+    row = dict(zip(rows[0], rows[1], strict=True))
+    assert row["description"] == "tidy" and row["editable"] == "yes"
+    assert row["arguments"] == '{"p": "a b"}' and row["edited_arguments"] == '{"p": "a"}'
+    assert row["executed_at"] and row["execution_ok"] == "yes"
+    assert row["execution_summary"] == "removed a"
+    pk = Approval.objects.get(approval_id=aid).pk
+    page = admin_client.get(f"/admin/approvals/approval/{pk}/change/").content.decode()
+    assert "tidy" in page and "removed a" in page and "&quot;p&quot;: &quot;a&quot;" in page

@@ -110,12 +110,15 @@ def browser():
         chromium.close()
 
 
-def _sign_in(browser, server, session_id: str = "") -> object:
+def _sign_in(browser, server, session_id: str = "", accept_dialogs: bool = False) -> object:
     server.wait()
     page = browser.new_context(viewport={"width": 1180, "height": 760}).new_page()
     page.set_default_timeout(8000)
     page.dialogs, page.errors = [], []
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.on(
+        "dialog",
+        lambda d: (page.dialogs.append(d.message), d.accept() if accept_dialogs else d.dismiss()),
+    )
     page.on("pageerror", lambda exc: page.errors.append(str(exc)))
     query = f"?session_id={session_id}" if session_id else ""
     page.goto(f"{server.url}/approvals/{query}")
@@ -327,3 +330,59 @@ def _restart(page, server, agent) -> None:
     expect(page.locator("#conn")).to_have_attribute("data-state", "live")
     expect(_card(page, kept)).to_be_visible()
     expect(page.locator("#pending-count")).to_have_text("1")
+
+
+EDIT_SCREENSHOT = ROOT / "docs" / "inbox-edit.png"
+
+
+def test_edit_then_allow_with_changes_runs_the_edit(server, agent, browser, tmp_path):
+    page = _sign_in(browser, server)
+    schema = {
+        "type": "object",
+        "properties": {"paths": {"type": "array", "items": {"type": "string"}}},
+        "required": ["paths"],
+        "additionalProperties": False,
+    }
+    aid = agent.agent.gate(
+        "run-1",
+        user_id=agent.user_id,
+        tool_name="delete_paths",
+        arguments={"paths": ["build", "logs"]},
+        description="Free disk space before the release build \u202eexe.txt",
+        editable=True,
+        arguments_schema=schema,
+    )
+    card = _card(page, aid)
+    expect(card).to_be_visible(timeout=15000)
+    expect(card.locator(".description")).to_contain_text("Free disk space")
+    expect(card.locator(".description")).to_contain_text("⟨U+202E⟩")
+    card.get_by_role("button", name="Edit", exact=True).click()
+    editor = card.locator(".edit-form textarea")
+    editor.fill('{"paths": ["build"')
+    expect(card.locator(".edit-error")).to_contain_text("Not valid JSON")
+    editor.fill('{"paths": "build"}')
+    expect(card.locator(".edit-error")).to_contain_text("$.paths")
+    editor.fill('{\n  "paths": ["build"]\n}')
+    expect(card.locator(".edit-error")).to_be_hidden()
+    shot = EDIT_SCREENSHOT if os.environ.get("TOOLGATE_UPDATE_SCREENSHOT") else tmp_path / "e.png"
+    card.screenshot(path=str(shot))
+    card.get_by_role("button", name="Allow with changes", exact=True).click()
+    line = agent.agent.answer(aid, 20)
+    assert line["answer"] == "allow"
+    assert line["arguments"] == {"paths": ["build"]}
+    entry = page.locator(f'#history-list .entry[data-approval-id="{aid}"]')
+    expect(entry.locator(".entry-args")).to_contain_text('"build"')
+    expect(entry.locator(".entry-args")).not_to_contain_text("logs")
+    assert page.errors == []
+
+
+def test_allow_all_decides_every_shown_call_after_one_confirmation(server, agent, browser):
+    page = _sign_in(browser, server, accept_dialogs=True)
+    ids = [agent.gate("run_shell", {"command": f"echo {n}"}) for n in range(3)]
+    for aid in ids:
+        expect(_card(page, aid)).to_be_visible(timeout=15000)
+    page.get_by_role("button", name="Allow all", exact=True).click()
+    for aid in ids:
+        assert agent.answer(aid) == ("allow", "")
+    assert page.dialogs == ["Allow all 3 waiting tool calls?"]
+    expect(page.locator("#bulk")).to_be_hidden()

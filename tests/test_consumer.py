@@ -40,6 +40,7 @@ TOOL_START_KEYS = {
     "expires_at",
     "description",
     "editable",
+    "user",
 }
 DECISION_KEYS = {
     "type",
@@ -49,6 +50,7 @@ DECISION_KEYS = {
     "decided_via",
     "decided_by",
     "reason",
+    "edited_arguments",
 }
 
 

@@ -56,6 +56,7 @@ def test_pending_list_shows_only_own_pending_unexpired_calls_oldest_first(as_ali
         "expires_at": newer.expires_at.isoformat(),
         "description": "",
         "editable": False,
+        "user": "alice",
     }
     only_s2 = as_alice.get(PENDING, {"session_id": "s2"}).json()["pending"]
     assert [i["approval_id"] for i in only_s2] == [older.approval_id]

@@ -201,7 +201,7 @@ def test_static_assets_exist():
     from django.contrib.staticfiles import finders
 
     assert finders.find("approvals/inbox.css")
-    for name in ("inbox.js", "inbox-live.js", "inbox-view.js"):
+    for name in ("inbox.js", "inbox-live.js", "inbox-view.js", "inbox-edit.js"):
         script = finders.find(f"approvals/{name}")
         assert script, name
         source = Path(script).read_text(encoding="utf-8")

@@ -33,7 +33,7 @@ from openai.types.responses import (  # noqa: E402
     ResponseOutputText,
 )
 
-from approvals import gate  # noqa: E402
+from approvals import decisions, gate  # noqa: E402
 from approvals.integrations import approval_id_for  # noqa: E402
 from approvals.integrations.openai_agents import (  # noqa: E402
     aapply_decisions,
@@ -379,3 +379,107 @@ def test_approval_ids_are_stable_unguessable_and_per_session():
     with override_settings(SECRET_KEY="another-secret-key-" + "x" * 40):
         assert approval_id_for("s1", "call_1", "shell") != a
     assert approval_id_for("s1", "", "shell") != approval_id_for("s1", "", "shell")
+
+
+# -- issue 15: the documented deferred flow, reused call ids, edits ------------------------
+
+
+def test_deferred_flow_with_a_user_instance_in_the_context_can_be_saved(django_user_model):
+    alice = django_user_model.objects.create_user("alice")
+    model, tools = ScriptedModel("delete_file", {"path": "/srv/u"}, call_id="call_u"), Tools()
+    agent = Agent(name="ops", model=model, tools=tools.gated(defer=True))
+    context = {"session_id": "chat-user", "user": alice}  # as docs/frameworks.md shows
+    first = Runner.run_sync(agent, "clean up", context=context)
+    saved = first.to_state().to_string()  # was: TypeError, User is not JSON serializable
+    row = Approval.objects.get(session_id="chat-user")
+    assert row.user_id == alice.pk
+    assert gate.resolve_tool_decision(row.approval_id, "allow")
+
+    async def resume():
+        state = await RunState.from_string(agent, saved)
+        assert await aapply_decisions(state, session_id="chat-user") == []
+        return await Runner.run(agent, state)
+
+    asyncio.run(resume())
+    assert tools.ran == [("delete_file", "/srv/u")]
+    assert Approval.objects.get(pk=row.pk).executed_at is not None
+
+
+def test_a_reused_call_id_never_inherits_the_other_calls_answer():
+    tools = Tools()
+    context = {"session_id": "chat-reuse"}
+
+    def turn(path: str):
+        model = ScriptedModel("delete_file", {"path": path}, call_id="call_0")
+        agent = Agent(name="ops", model=model, tools=tools.gated(defer=True))
+        return agent, Runner.run_sync(agent, "clean up", context=context)
+
+    agent_a, first = turn("/a")
+    row_a = Approval.objects.get(session_id="chat-reuse")
+    assert gate.resolve_tool_decision(row_a.approval_id, "deny")
+    state_a = first.to_state()
+    assert apply_decisions(state_a, session_id="chat-reuse") == []
+    Runner.run_sync(agent_a, state_a, context=context)
+
+    agent_b, second = turn("/b")
+    row_b = Approval.objects.exclude(pk=row_a.pk).get(session_id="chat-reuse")
+    assert (row_b.status, row_b.arguments) == ("pending", {"path": "/b"})
+    state_b = second.to_state()
+    # /b is still waiting for a person: it must not be rejected with /a's denial
+    assert len(apply_decisions(state_b, session_id="chat-reuse")) == 1
+    assert gate.resolve_tool_decision(row_b.approval_id, "allow")
+    assert apply_decisions(state_b, session_id="chat-reuse") == []
+    Runner.run_sync(agent_b, state_b, context=context)
+    assert tools.ran == [("delete_file", "/b")]
+
+
+def test_an_edited_call_runs_with_the_approved_arguments_and_is_marked_executed():
+    model, tools = ScriptedModel("delete_file", {"path": "/srv/all"}), Tools()
+    agent = Agent(name="ops", model=model, tools=tools.gated())
+
+    def edit(row):
+        assert row.editable and row.arguments_schema["properties"]["path"]["type"] == "string"
+        assert row.description == "Delete a file."
+        return decisions.decide(
+            row.approval_id, "allowed", via="api", edited_arguments={"path": "/srv/old"}
+        ).won
+
+    thread, box = decide_when_pending("chat-edit", "allow", how=edit)
+    Runner.run_sync(agent, "clean up", context={"session_id": "chat-edit"})
+    thread.join(10)
+    assert box["won"] is True
+    assert tools.ran == [("delete_file", "/srv/old")]
+    row = Approval.objects.get(session_id="chat-edit")
+    assert (row.arguments, row.edited_arguments) == ({"path": "/srv/all"}, {"path": "/srv/old"})
+    assert row.execution_ok is True and row.execution_summary == "deleted /srv/old"
+    assert gate.mark_executed(row.approval_id) is False  # reported once
+
+
+def test_a_deferred_edit_runs_the_edit_on_resume():
+    model, tools = ScriptedModel("delete_file", {"path": "/srv/x"}, call_id="call_e"), Tools()
+    agent = Agent(name="ops", model=model, tools=tools.gated(defer=True))
+    context = {"session_id": "chat-dedit"}
+    first = Runner.run_sync(agent, "clean up", context=context)
+    row = Approval.objects.get(session_id="chat-dedit")
+    decisions.decide(row.approval_id, "allowed", via="api", edited_arguments={"path": "/srv/y"})
+    state = first.to_state()
+    assert apply_decisions(state, session_id="chat-dedit") == []
+    Runner.run_sync(agent, state, context=context)
+    assert tools.ran == [("delete_file", "/srv/y")]
+    assert Approval.objects.get(pk=row.pk).executed_at is not None
+
+
+@pytest.mark.parametrize("example", ["openai_agents_gated.py", "pydantic_ai_gated.py"])
+@pytest.mark.parametrize("deferred", [[], ["--deferred"]])
+def test_the_examples_run_an_edited_call(child_env, python, example, deferred):
+    out = subprocess.run(
+        [python, f"examples/{example}", "--edit", '{"path": "/srv/old-logs/2024"}', *deferred],
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "edited to {'path': '/srv/old-logs/2024'}" in out.stdout
+    assert "[tool] deleting /srv/old-logs/2024" in out.stdout

@@ -27,10 +27,11 @@ from pydantic_ai import (  # noqa: E402
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.toolsets import FunctionToolset  # noqa: E402
 
-from approvals import gate  # noqa: E402
-from approvals.integrations import approval_id_for  # noqa: E402
+from approvals import decisions, gate  # noqa: E402
 from approvals.integrations.pydantic_ai import (  # noqa: E402
+    GatedToolset,
     adeferred_results,
     defer_requests,
     deferred_results,
@@ -304,7 +305,7 @@ def test_native_requires_approval_maps_through_defer_requests():
     verdicts = defer_requests(requests, session_id="chat-native")
     assert verdicts["c-7"].pending
     aid = requests.metadata["c-7"]["approval_id"]
-    assert aid == approval_id_for("chat-native", "c-7", "delete_file")
+    assert aid == Approval.objects.get(session_id="chat-native", tool_call_id="c-7").approval_id
     assert defer_requests(requests, session_id="chat-native")["c-7"].pending  # idempotent
     assert gate.resolve_tool_decision(aid, "deny", "chat-native", reason="not on a Friday")
     results = deferred_results(requests, session_id="chat-native")
@@ -403,3 +404,47 @@ def test_the_example_runs_offline(child_env, python):
     assert "run ended with 1 call(s) awaiting approval" in out.stdout
     assert "The tool said: The user declined to run this tool call. Reason: no" in out.stdout
     assert "[tool]" not in out.stdout
+
+
+def test_a_deferred_edit_resumes_through_override_args_and_is_marked_executed():
+    script, tools = Script("delete_file", {"path": "/srv/all"}, call_id="call_e"), Tools()
+    agent = _deferred_agent(script, tools)
+    first = agent.run_sync("clean up", deps=Deps("chat-edit"))
+    requests = first.output  # stored between the two runs: the approval id is in its metadata
+    row = Approval.objects.get(session_id="chat-edit")
+    assert row.editable and row.arguments_schema["properties"]["path"]["type"] == "string"
+    won = decisions.decide(
+        row.approval_id, "allowed", via="api", edited_arguments={"path": "/srv/old"}
+    )
+    assert won.won
+    results = deferred_results(requests, session_id="chat-edit")
+    assert results.approvals["call_e"].override_args == {"path": "/srv/old"}
+    agent.run_sync(
+        message_history=first.all_messages(), deferred_tool_results=results, deps=Deps("chat-edit")
+    )
+    assert tools.ran == [("delete_file", "/srv/old")]
+    row.refresh_from_db()
+    assert row.executed_at is not None and row.execution_ok is True
+
+
+def test_waiting_edit_runs_the_edit(django_user_model):
+    script, tools = Script("delete_file", {"path": "/a b"}), Tools()
+    agent = make_agent(script, tools)
+
+    def edit(row):
+        return decisions.decide(
+            row.approval_id, "allowed", via="api", edited_arguments={"path": "/a"}
+        ).won
+
+    thread, box = decide_when_pending("chat-wedit", "allow", how=edit)
+    agent.run_sync("clean up", deps=Deps("chat-wedit"))
+    thread.join(10)
+    assert box["won"] is True
+    assert tools.ran == [("delete_file", "/a")]
+    assert gate.mark_executed(box["row"].approval_id) is False  # the adapter reported it
+
+
+def test_gated_toolset_takes_only_and_still_reads_tools():
+    assert GatedToolset(FunctionToolset([]), only={"a"}).only == {"a"}
+    with pytest.warns(DeprecationWarning):
+        assert GatedToolset(FunctionToolset([]), tools={"b"}).only == {"b"}

@@ -157,7 +157,7 @@ def test_the_names_pages_use_are_hashed_compressed_and_cached_for_a_year(product
     assert _max_age(headers) >= YEAR and "immutable" in headers["cache-control"]
     # Its module imports name hashed files too, so no part of the inbox is stale.
     imports = re.findall(rb'from "\./([^"]+)"', gzip.decompress(body))
-    hashed = rb"inbox-(live|view)\.[0-9a-f]{12}\.js"
+    hashed = rb"inbox-(live|view|edit)\.[0-9a-f]{12}\.js"
     assert imports and all(re.fullmatch(hashed, name) for name in imports)
     for name in imports:
         status, headers, _ = _get(production_site, f"/static/approvals/{name.decode()}")

@@ -81,11 +81,25 @@ class ApprovalAdmin(admin.ModelAdmin):
     sortable_by = ("created_at",)
     ordering = ("-created_at",)
     actions = ("allow_selected", "deny_selected", "export_csv")
-    readonly_fields = ("arguments_pretty", "time_to_decision_display")
+    readonly_fields = ("arguments_pretty", "edited_arguments_pretty", "time_to_decision_display")
     fieldsets = (
-        (None, {"fields": ("approval_id", "tool_name", "tool_call_id", "arguments_pretty")}),
+        (
+            None,
+            {
+                "fields": (
+                    "approval_id",
+                    "tool_name",
+                    "tool_call_id",
+                    "description",
+                    "arguments_pretty",
+                    "editable",
+                    "edited_arguments_pretty",
+                )
+            },
+        ),
         (_("Whose"), {"fields": ("user", "session_id", "agent_key")}),
         (_("Outcome"), {"fields": ("status", "decided_via", "decided_by", "reason")}),
+        (_("Run"), {"fields": ("executed_at", "execution_ok", "execution_summary")}),
         (
             _("When"),
             {"fields": ("created_at", "expires_at", "decided_at", "time_to_decision_display")},
@@ -127,6 +141,13 @@ class ApprovalAdmin(admin.ModelAdmin):
     @admin.display(description=_("arguments"))
     def arguments_pretty(self, obj: Approval) -> str:
         text = json.dumps(obj.arguments, indent=2, ensure_ascii=False, sort_keys=True)
+        return format_html('<pre class="approvals-arguments">{}</pre>', text)
+
+    @admin.display(description=_("edited arguments (what ran)"))
+    def edited_arguments_pretty(self, obj: Approval) -> str:
+        if obj.edited_arguments is None:
+            return "—"
+        text = json.dumps(obj.edited_arguments, indent=2, ensure_ascii=False, sort_keys=True)
         return format_html('<pre class="approvals-arguments">{}</pre>', text)
 
     # -- the list ------------------------------------------------------------

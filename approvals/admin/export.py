@@ -27,6 +27,12 @@ CSV_COLUMNS = (
     "decided_at",
     "expires_at",
     "seconds_to_decision",
+    "description",
+    "editable",
+    "edited_arguments",
+    "executed_at",
+    "execution_ok",
+    "execution_summary",
     "agent_key",
 )
 
@@ -63,9 +69,19 @@ def _csv_row(a: Approval) -> list[str]:
         a.decided_at.isoformat() if a.decided_at else "",
         a.expires_at.isoformat(),
         f"{waited.total_seconds():.3f}" if waited is not None else "",
+        a.description,
+        "yes" if a.editable else "no",
+        _json_or_blank(a.edited_arguments),
+        a.executed_at.isoformat() if a.executed_at else "",
+        {True: "yes", False: "no"}.get(a.execution_ok, ""),
+        a.execution_summary,
         a.agent_key.name if a.agent_key_id else "",
     )
     return [_csv_cell(v) for v in values]
+
+
+def _json_or_blank(value: Any) -> str:
+    return "" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def csv_rows(queryset: QuerySet):

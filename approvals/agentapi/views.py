@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from .. import errors, gate, listener
 from ..decisions import decide
-from ..execution import mark_executed
+from ..execution import EXECUTED, NOT_FOUND, record_execution
 from ..jsonapi import error_response, read_body
 from ..models import AgentKey, Approval, Status, Via
 from . import parse, waits
@@ -177,7 +177,7 @@ async def cancel(request: HttpRequest, key: AgentKey, approval_id: str) -> JsonR
 
 
 def _executed(key: AgentKey, approval_id: str, ok: bool, summary: str) -> tuple:
-    result = mark_executed(approval_id, ok, summary, user_id=key.user_id)
+    result = record_execution(approval_id, ok, summary, user_id=key.user_id)
     return result, object_for(approval_id, key.user_id)
 
 
@@ -186,8 +186,8 @@ async def executed(request: HttpRequest, key: AgentKey, approval_id: str) -> Jso
     """Record that an allowed call of the key's user ran (once)."""
     ok, summary = parse.parse_executed(read_body(request))
     result, body = await run(_executed, key, approval_id, ok, summary)
-    if result.recorded:
+    if result == EXECUTED and body is not None:
         return JsonResponse(body)
-    if result.error == errors.NOT_FOUND or body is None:
+    if result == NOT_FOUND or body is None:
         return _not_found()
-    return error_response(result.error, status=409, extra={"status": result.status})
+    return error_response(result, status=409, extra={"status": body["status"]})

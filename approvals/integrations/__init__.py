@@ -18,6 +18,7 @@ from ..deferred import (
     call_approval_id,
     defer_call,
     outcomes,
+    run_allowed,
 )
 from .context import GateContext, GateOptions, jsonable
 
@@ -35,4 +36,5 @@ __all__ = [
     "defer_call",
     "jsonable",
     "outcomes",
+    "run_allowed",
 ]

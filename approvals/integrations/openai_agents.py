@@ -81,20 +81,28 @@ def gate_tool(
     original = tool.on_invoke_tool
     name = tool.name
 
+    def gated_call(params: dict, call_id: str) -> ToolCall:
+        # Editable: the tool then runs with the arguments the person approved,
+        # which must fit the tool's own JSON Schema.
+        schema = tool.params_json_schema or None
+        return ToolCall(name, params, call_id, tool.description or "", True, schema)
+
     async def invoke(ctx: ToolContext[Any], arguments: str) -> Any:
         target = options.target(ctx, ctx.context)
-        call = ToolCall(name, _parse(arguments), ctx.tool_call_id or "")
+        call = gated_call(_parse(arguments), ctx.tool_call_id or "")
         approval_id = await sync_to_async(call_approval_id)(target, call)
 
-        async def run() -> Any:
-            return await original(ctx, arguments)
+        async def run(approved: dict) -> Any:
+            same = approved == call.arguments
+            return await original(ctx, arguments if same else json.dumps(approved))
 
         # A deferred call was decided before the run resumed: this returns at once.
         return await agate_call(target, call, run, approval_id=approval_id, timeout=timeout)
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict, call_id: str) -> bool:
         target = options.target(ctx, ctx.context)
-        call = ToolCall(name, dict(params), call_id or "")
+        _store_user_key(ctx.context)
+        call = gated_call(dict(params), call_id or "")
         approval_id = await sync_to_async(call_approval_id)(target, call)
         verdict = await adefer_call(target, call, approval_id=approval_id, timeout=timeout)
         return verdict.pending
@@ -210,6 +218,13 @@ def _apply(state: Any, items: list, ids: dict[str, str], verdicts: dict[str, Ver
         else:
             state.reject(item, rejection_message=verdict.message)
     return still_pending
+
+
+def _store_user_key(context: Any) -> None:
+    """A deferred run is saved with ``RunState.to_string()``, which writes a dict context as
+    JSON: a user instance in it becomes its primary key, which resolves to the same user."""
+    if isinstance(context, dict) and hasattr(context.get("user"), "pk"):
+        context["user"] = context["user"].pk
 
 
 def _items(source: Any) -> list:

@@ -24,6 +24,7 @@ with Pydantic AI's own ``requires_approval=True`` map the same way through
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ from . import (
     defer_call,
     jsonable,
     outcomes,
+    run_allowed,
 )
 
 __all__ = [
@@ -65,12 +67,12 @@ ToolFilter = Callable[[RunContext[Any], ToolDefinition, dict[str, Any]], bool]
 
 @dataclass
 class GatedToolset(WrapperToolset[AgentDepsT]):
-    """A toolset whose calls (all, or those ``tools`` selects) wait for a person's answer.
+    """A toolset whose calls (all, or those ``only`` selects) wait for a person's answer.
 
     The session and user of each call come from ``context(ctx)`` when given,
     else the fixed ``session_id``/``user``, else the run's deps (any object or
     mapping with ``session_id`` and ``user``, see
-    :class:`~approvals.integrations.GateContext`). ``tools`` is a collection of
+    :class:`~approvals.integrations.GateContext`). ``only`` is a collection of
     tool names or a ``(ctx, tool_def, args) -> bool`` predicate; ``None`` gates
     every tool. ``timeout`` is how long a call may wait (default
     ``APPROVALS["DECISION_TIMEOUT"]``). ``defer=True`` ends the run with
@@ -80,6 +82,8 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
     session_id: str | None = field(default=None, kw_only=True)
     user: Any = field(default=None, kw_only=True)
     context: Callable[[RunContext[AgentDepsT]], Any] | None = field(default=None, kw_only=True)
+    only: Collection[str] | ToolFilter | None = field(default=None, kw_only=True)
+    #: The former name of ``only``; still read, with a DeprecationWarning.
     tools: Collection[str] | ToolFilter | None = field(default=None, kw_only=True)
     timeout: float | None = field(default=None, kw_only=True)
     defer: bool = field(default=False, kw_only=True)
@@ -96,10 +100,19 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         options = GateOptions(self.session_id, self.user, self.context, self.timeout)
         target = options.target(ctx, ctx.deps)
-        call = ToolCall(name, jsonable(tool_args), ctx.tool_call_id or "")
+        tool_def = tool.tool_def
+        call = ToolCall(
+            name,
+            jsonable(tool_args),
+            ctx.tool_call_id or "",
+            tool_def.description or "",
+            True,  # the tool runs with the arguments the person approved
+            tool_def.parameters_json_schema or None,
+        )
 
-        async def run() -> Any:
-            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+        async def run(approved: dict) -> Any:
+            args = tool_args if approved == call.arguments else approved
+            return await self.wrapped.call_tool(name, args, ctx, tool)
 
         if self.defer:
             return await self._deferred(target, call, ctx, run)
@@ -116,15 +129,25 @@ class GatedToolset(WrapperToolset[AgentDepsT]):
         if verdict.pending:
             raise ApprovalRequired(metadata={METADATA_KEY: approval_id})
         if verdict.allowed:
-            return await run()
+            return await run_allowed(approval_id, run)
         return verdict.message
 
+    def __post_init__(self) -> None:
+        if self.tools is not None:
+            warnings.warn(
+                "GatedToolset(tools=...) is now only=..., as in gated()",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if self.only is None:
+                self.only = self.tools
+
     def _gates(self, name: str, args: dict, ctx: RunContext, tool: ToolsetTool) -> bool:
-        if self.tools is None:
+        if self.only is None:
             return True
-        if callable(self.tools):
-            return bool(self.tools(ctx, tool.tool_def, args))
-        return name in self.tools
+        if callable(self.only):
+            return bool(self.only(ctx, tool.tool_def, args))
+        return name in self.only
 
 
 def gated(
@@ -149,7 +172,7 @@ def gated(
         session_id=session_id,
         user=user,
         context=context,
-        tools=only,
+        only=only,
         timeout=timeout,
         defer=defer,
     )
@@ -238,7 +261,12 @@ def _results(ids: dict[str, str], verdicts: dict[str, Verdict]) -> DeferredToolR
         verdict = verdicts.get(approval_id)
         if verdict is None or verdict.pending:
             continue
-        approvals[tool_call_id] = ToolApproved() if verdict.allowed else ToolDenied(verdict.message)
+        if verdict.allowed:
+            # A person's edit travels as Pydantic AI's own override of the call's arguments.
+            edit = verdict.edited_arguments
+            approvals[tool_call_id] = ToolApproved(override_args=edit) if edit else ToolApproved()
+        else:
+            approvals[tool_call_id] = ToolDenied(verdict.message)
         metadata[tool_call_id] = {METADATA_KEY: approval_id}
     return DeferredToolResults(approvals=approvals, metadata=metadata)
 

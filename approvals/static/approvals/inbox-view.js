@@ -1,11 +1,14 @@
 // Rendering for the inbox: cards, history, rules and the connection badge.
 // Every piece of data goes on the page with textContent, never as HTML.
 
+import { prettyArguments, reveal } from "./inbox-edit.js";
+
 export const $ = (sel, el = document) => el.querySelector(sel);
 const pendingList = $("#pending-list");
 const historyList = $("#history-list");
 export const cards = new Map(); // approval_id -> {el, item, busy}
 const toolNames = new Map(); // approval_id -> tool name, for history lines
+const proposals = new Map(); // approval_id -> proposed arguments, for history lines
 const HISTORY_MAX = 12;
 export const REMOVE_AFTER_MS = 2500;
 let cfg = { sessionId: "", username: "" };
@@ -32,7 +35,9 @@ export function setConn(state, text) {
 export function rememberName(item) {
   if (!item.approval_id) return;
   toolNames.set(item.approval_id, item.tool_name || "");
+  proposals.set(item.approval_id, item.arguments);
   if (toolNames.size > 500) toolNames.delete(toolNames.keys().next().value);
+  if (proposals.size > 500) proposals.delete(proposals.keys().next().value);
 }
 
 export function reconcile(pending) {
@@ -56,14 +61,6 @@ function sessionHref(sessionId) {
   return url.toString();
 }
 
-function prettyArguments(args) {
-  try {
-    return JSON.stringify(args ?? {}, null, 2);
-  } catch (err) {
-    return String(args);
-  }
-}
-
 export function addCard(item) {
   if (!item.approval_id || cards.has(item.approval_id)) return;
   if (cfg.sessionId && item.session_id !== cfg.sessionId) return;
@@ -73,12 +70,22 @@ export function addCard(item) {
   el.setAttribute("aria-labelledby", titleId);
   const title = $(".tool", el);
   title.id = titleId;
-  title.textContent = item.tool_name || "(unnamed tool)";
+  title.textContent = reveal(item.tool_name || "(unnamed tool)");
   const session = $(".session", el);
-  session.textContent = item.session_id || "(no session)";
+  session.textContent = reveal(item.session_id || "(no session)");
   if (item.session_id) session.href = sessionHref(item.session_id);
   else session.removeAttribute("href");
   $(".args", el).textContent = prettyArguments(item.arguments);
+  if (item.description) {
+    const description = $(".description", el);
+    description.textContent = reveal(item.description);
+    description.hidden = false;
+  }
+  if (item.user && item.user !== cfg.username) {
+    $(".owner", el).textContent = reveal(item.user);
+    $(".owner-row", el).hidden = false;
+  }
+  $('[data-action="edit"]', el).hidden = item.editable !== true;
   const card = { el, item, busy: false };
   cards.set(item.approval_id, card);
   insertInOrder(el, item.created_at);
@@ -118,6 +125,7 @@ function focusNextOpen(el) {
 export function updateCount() {
   const open = [...cards.values()].filter((c) => !c.el.classList.contains("decided")).length;
   $("#pending-count").textContent = String(open);
+  $("#bulk").hidden = open < 2;
   $("#empty").hidden = cards.size > 0;
   document.title = open ? `(${open}) Approvals` : "Approvals";
 }
@@ -213,11 +221,17 @@ export function decided(msg) {
   card.el.dataset.status = msg.status;
   $(".actions", card.el).hidden = true;
   $(".reason-form", card.el).hidden = true;
+  $(".edit-form", card.el).hidden = true;
+  if (msg.status === "allowed" && msg.edited_arguments) {
+    $(".args", card.el).textContent = prettyArguments(msg.edited_arguments);
+    card.el.classList.add("edited");
+  }
   const badge = $(".badge.state", card.el);
   badge.textContent = STATUS_WORDS[msg.status] || msg.status;
   badge.className = `badge state status-${msg.status}`;
   const reason = msg.reason && msg.decided_via !== "rule" ? ` — “${msg.reason}”` : "";
-  showOutcome(card, `${STATUS_WORDS[msg.status] || msg.status} ${howDecided(msg)}${reason}`);
+  const changed = msg.status === "allowed" && msg.edited_arguments ? " with changes" : "";
+  showOutcome(card, `${STATUS_WORDS[msg.status] || msg.status}${changed} ${howDecided(msg)}${reason}`);
   updateCount();
   announce(`${card.item.tool_name}: ${STATUS_WORDS[msg.status] || msg.status} ${howDecided(msg)}.`);
   setTimeout(() => removeCard(msg.approval_id), REMOVE_AFTER_MS);
@@ -234,7 +248,7 @@ function addHistory(msg) {
   badge.textContent = STATUS_WORDS[msg.status] || msg.status;
   badge.classList.add(`status-${msg.status}`);
   const card = cards.get(msg.approval_id);
-  $(".entry-tool", el).textContent = (card && card.item.tool_name) || toolNames.get(msg.approval_id) || "tool call";
+  $(".entry-tool", el).textContent = reveal((card && card.item.tool_name) || toolNames.get(msg.approval_id) || "tool call");
   $(".entry-how", el).textContent = howDecided(msg);
   const time = $("time", el);
   time.setAttribute("datetime", new Date(serverNow()).toISOString());
@@ -242,8 +256,24 @@ function addHistory(msg) {
   if (msg.reason && msg.decided_via !== "rule") {
     const q = document.createElement("q");
     q.className = "entry-reason";
-    q.textContent = msg.reason;
+    q.textContent = reveal(msg.reason);
     el.append(q);
+  }
+  if (msg.status === "allowed") {
+    // What the person approved: their edit if they made one, else the proposal.
+    const args = msg.edited_arguments ?? (card ? card.item.arguments : proposals.get(msg.approval_id));
+    if (args !== undefined) {
+      const pre = document.createElement("pre");
+      pre.className = "entry-args";
+      pre.textContent = prettyArguments(args);
+      if (msg.edited_arguments) {
+        const note = document.createElement("span");
+        note.className = "entry-edited muted";
+        note.textContent = "edited";
+        el.append(note);
+      }
+      el.append(pre);
+    }
   }
   historyList.prepend(el);
   while (historyList.children.length > HISTORY_MAX) historyList.lastElementChild.remove();
@@ -257,6 +287,28 @@ export function openReason(card) {
   form.hidden = false;
   $(".actions", card.el).hidden = true;
   $("textarea", form).focus();
+}
+
+export function openEdit(card) {
+  const form = $(".edit-form", card.el);
+  const textarea = $("textarea", form);
+  if (!textarea.value) textarea.value = JSON.stringify(card.item.arguments ?? {}, null, 2);
+  showEditError(card, "");
+  form.hidden = false;
+  $(".actions", card.el).hidden = true;
+  textarea.focus();
+}
+
+export function closeEdit(card) {
+  $(".edit-form", card.el).hidden = true;
+  $(".actions", card.el).hidden = false;
+  $('[data-action="edit"]', card.el).focus();
+}
+
+export function showEditError(card, text) {
+  const error = $(".edit-error", card.el);
+  error.textContent = text;
+  error.hidden = !text;
 }
 
 export function closeReason(card) {
