@@ -14,7 +14,7 @@ from typing import Any
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
-from . import announce, knownrows, rules
+from . import announce, hooks, knownrows, rules
 from .aftercommit import atomic_then
 from .conf import setting
 from .decisions import decide
@@ -46,6 +46,7 @@ def gate_call(listener: Listener, details: dict[str, Any], seconds: float) -> Sl
     try:
         with atomic_then([]) as after:
             approval = Approval.objects.create(**fields)
+            hooks.gated(approval)
             after.append(lambda: announce.call_gated(approval))
         knownrows.remember(approval)
     except IntegrityError:

@@ -16,7 +16,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from approvals.listener import get_listener  # noqa: E402
 from approvals.routing import websocket_urlpatterns  # noqa: E402
+
+# A serving process runs its listener from the start, not on first use: its outbox
+# worker sends the notifications other processes wrote (after a restart, too).
+get_listener()
 
 application = ProtocolTypeRouter(
     {
