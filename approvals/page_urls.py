@@ -1,4 +1,6 @@
-"""The inbox page and the page for one call. Include under any prefix: ``path("approvals/", include("approvals.page_urls"))``.
+"""The inbox page and the page for one call (`<approval_id>/`).
+
+Include under any prefix: ``path("approvals/", include("approvals.page_urls"))``.
 
 It lives in its own namespace (``approvals_page``) so it can sit beside
 ``approvals.urls`` (namespace ``approvals``) without a clash; the page finds
