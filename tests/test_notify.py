@@ -219,7 +219,9 @@ def test_expiring_fires_once_across_racing_reminders(worker, receiver, django_us
         assert outbox.remind() == 0  # not yet
         time.sleep(1.1)
         results = []
-        threads = [threading.Thread(target=lambda: results.append(outbox.remind())) for _ in range(4)]
+        threads = [
+            threading.Thread(target=lambda: results.append(outbox.remind())) for _ in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:

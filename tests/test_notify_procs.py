@@ -56,9 +56,7 @@ def _wait(predicate, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_delivery_written_while_the_receiver_is_down_arrives_after_a_restart(
-    quiet, child_env
-):
+def test_a_delivery_written_while_the_receiver_is_down_arrives_after_a_restart(quiet, child_env):
     port = _free_port()
     Webhook.objects.create(url=f"http://127.0.0.1:{port}/hook", events=["approval.requested"])
     site = procs.wait_ready(procs.start_daphne(child_env, approvals=APPROVALS))
