@@ -197,9 +197,8 @@ class Worker:
                 self.pump()
             except Exception as exc:  # a database outage: try again next time
                 logger.warning("approvals: outbox worker failed: %s", exc)
-                close_old_connections()
-                connection.close()
-        connection.close()
+                _drop_connection()
+        _drop_connection()
 
     def pump(self) -> int:
         """Claim as many due deliveries as there are free senders, and start them."""
@@ -225,6 +224,15 @@ class Worker:
             with self._lock:
                 self._busy -= 1
             self._wake.set()
+
+
+def _drop_connection() -> None:
+    # This thread must outlive any failure, cleaning up included.
+    try:
+        close_old_connections()
+        connection.close()
+    except Exception:
+        pass
 
 
 _worker: Worker | None = None
