@@ -9,9 +9,15 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing registers the checks and the setting_changed receivers.
-        from . import checks, conf, listener, rules, sweep, wsroute  # noqa: F401
+        from . import checks, conf, listener, notify_worker, outbox, rules, sweep, wsroute  # noqa: F401
         from .conf import setting
 
         # The listener knows nothing above it; the parts that need it hook in here.
         rules.connect()
         listener.every("sweep", lambda: setting("SWEEP_INTERVAL"), sweep.sweep)
+        # Notifications: the outbox is written inside the decision path's transactions
+        # (approvals.hooks), sent by a worker beside the listener, reminders periodic.
+        outbox.connect()
+        outbox.on_written(notify_worker.wake)
+        listener.on_start("notify", notify_worker.start)
+        listener.every("remind", lambda: 2.0, outbox.remind)

@@ -68,6 +68,19 @@ DEFAULTS: dict[str, Any] = {
     # the router of ``settings.ASGI_APPLICATION``, wherever the host mounted
     # ``approvals.routing.websocket_urlpatterns`` (``/ws/approvals/`` if not found).
     "INBOX_WEBSOCKET_URL": None,
+    # Where the site is served (e.g. "https://toolgate.example.com"): makes the links
+    # in webhooks and emails absolute. ``None``: links are paths only.
+    "SITE_URL": None,
+    # Seconds a webhook delivery (or email) is retried before it is given up.
+    "WEBHOOK_RETRY_FOR": 86400,
+    # Seconds one webhook POST may take before it counts as failed.
+    "WEBHOOK_TIMEOUT": 10.0,
+    # Webhook POSTs and emails one process sends at once.
+    "WEBHOOK_CONCURRENCY": 8,
+    # Fraction of a call's time after which ``approval.expiring`` fires (once).
+    "EXPIRING_AFTER": 0.8,
+    # Email the call's user (Django's mail) when a call is gated and when it expires soon.
+    "EMAIL_NOTIFICATIONS": False,
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from . import announce, argschema, events, knownrows, rules
+from . import announce, argschema, events, hooks, knownrows, rules
 from .aftercommit import atomic_then
 from .errors import (
     ALREADY_DECIDED,
@@ -102,6 +102,7 @@ def decide(
         if changed and remember and status in (Status.ALLOWED, Status.DENIED):
             rules.remember(row, status, remember, by, reason or "")
         if changed:
+            hooks.decided(row["pk"], status)
             event = events.tool_decision(row, status, via, by, reason or "", edit)
             after.append(lambda: announce.call_decided(row["pk"], event))
     if changed:

@@ -217,14 +217,19 @@ def resolve_tool_decision(
 def denial_message(approval_id: str) -> str:
     """What to feed the model as the tool result when the call did not run."""
     row = Approval.objects.filter(approval_id=approval_id).values("status", "reason").first()
-    status = row["status"] if row else Status.DENIED
+    if row is None:
+        return TOOL_REJECTED_MESSAGE
+    return message_for(row["status"], row["reason"])
+
+
+def message_for(status: str, reason: str = "") -> str:
+    """:func:`denial_message` for a call whose status and reason are already known."""
     if status == Status.EXPIRED:
         return EXPIRED_MESSAGE
     if status == Status.CANCELLED:
         return CANCELLED_MESSAGE
     if status == Status.ABANDONED:
         return ABANDONED_MESSAGE
-    reason = (row or {}).get("reason") or ""
     if status == Status.DENIED and reason:
         return f"{TOOL_REJECTED_MESSAGE} Reason: {reason}"
     return TOOL_REJECTED_MESSAGE

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
-from . import announce, argschema, knownrows, rules
+from . import announce, argschema, hooks, knownrows, rules
 from .aftercommit import atomic_then
 from .conf import setting
 from .decisions import decide
@@ -50,6 +50,7 @@ def gate_call(
         with atomic_then([]) as after:
             approval = Approval.objects.create(**fields)
             approval.owner = owner
+            hooks.gated(approval)
             after.append(lambda: announce.call_gated(approval))
         knownrows.remember(approval)
     except IntegrityError:

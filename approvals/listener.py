@@ -58,6 +58,7 @@ class _Periodic:
 
 _handlers: dict[str, Callable[[dict], None]] = {}
 _periodic: dict[str, _Periodic] = {}
+_starters: dict[str, Callable[[Listener], Any]] = {}
 
 
 def on_message(kind: str, handler: Callable[[dict], None]) -> None:
@@ -76,6 +77,15 @@ def every(name: str, interval: Callable[[], float | None], task: Callable[[], An
     process dead. Registering a name again replaces it.
     """
     _periodic[name] = _Periodic(interval, task)
+
+
+def on_start(name: str, start: Callable[[Listener], Any]) -> None:
+    """Call ``start(listener)`` when a listener starts, for work that runs beside it.
+
+    What it returns, if it has a ``stop(timeout)`` method, is stopped with the
+    listener. Registering a name again replaces it.
+    """
+    _starters[name] = start
 
 
 class Listener:
@@ -98,6 +108,7 @@ class Listener:
         self._last_run: dict[str, float] = {}
         self._last_full_check = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._companions: list[Any] = []
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -109,6 +120,11 @@ class Listener:
         t = threading.Thread(target=self._run_recheck, name="toolgate-recheck", daemon=True)
         t.start()
         self._threads.append(t)
+        for name, starter in list(_starters.items()):
+            try:
+                self._companions.append(starter(self))
+            except Exception:  # a companion that cannot start must not stop the listener
+                logger.exception("approvals: %s did not start", name)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the threads (tests and interpreter exit)."""
@@ -116,6 +132,9 @@ class Listener:
         self._kick.set()
         if self._link is not None:
             self._link.stop(timeout)
+        for companion in self._companions:
+            if hasattr(companion, "stop"):
+                companion.stop(timeout)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)

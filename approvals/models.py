@@ -341,3 +341,7 @@ class ProcessLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
+
+
+# Webhooks and the notification outbox live beside, to keep this module small.
+from .notify_models import Delivery, Reminder, Webhook  # noqa: E402, F401

@@ -21,6 +21,7 @@ GROUND = {
     "approvals.events",
     "approvals.signals",
     "approvals.waiting",
+    "approvals.hooks",
 }
 #: The transport knows no decisions, rules, HTTP or pages.
 TRANSPORT = {
@@ -41,6 +42,9 @@ ABOVE_TRANSPORT = {
     "approvals.pages",
     "approvals.admin",
     "approvals.announce",
+    "approvals.outbox",
+    "approvals.notify_worker",
+    "approvals.review",
 }
 
 
@@ -154,3 +158,10 @@ def test_adapters_reach_the_app_only_through_the_gate():
     for name in ("approvals.integrations.pydantic_ai", "approvals.integrations.openai_agents"):
         direct = {m for m in graph[name] if not m.startswith("approvals.integrations")}
         assert direct <= allowed, name
+
+
+def test_the_decision_path_knows_no_notifications():
+    graph = _graph()
+    notifications = {"approvals.outbox", "approvals.notify_worker", "approvals.notify_bodies"}
+    for name in ("approvals.decisions", "approvals.gating", "approvals.sweep"):
+        assert not _reaches(graph, name) & notifications, name

@@ -15,8 +15,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from approvals.listener import get_listener  # noqa: E402
 from approvals.routing import websocket_urlpatterns  # noqa: E402
 from approvals.security import OriginValidator  # noqa: E402
+
+# A serving process runs its listener from the start, not on first use: its outbox
+# worker sends the notifications other processes wrote (after a restart, too).
+get_listener()
 
 application = ProtocolTypeRouter(
     {

@@ -207,7 +207,13 @@ APPROVALS = {
     "DECISION_TIMEOUT": int(os.environ.get("TOOLGATE_DECISION_TIMEOUT", "3600")),
     # Separate channel-layer groups for separate deployments (or test runs) on one Redis.
     "GROUP_PREFIX": os.environ.get("TOOLGATE_GROUP_PREFIX", "approvals"),
+    # Where the site is served, for the links in webhooks and emails.
+    "SITE_URL": os.environ.get("TOOLGATE_SITE_URL") or None,
+    "EMAIL_NOTIFICATIONS": _env_flag("TOOLGATE_EMAIL_NOTIFICATIONS", default=False),
 }
+if os.environ.get("DJANGO_EMAIL_BACKEND"):
+    EMAIL_BACKEND = os.environ["DJANGO_EMAIL_BACKEND"]
+    EMAIL_FILE_PATH = os.environ.get("DJANGO_EMAIL_FILE_PATH", "")
 
 LOGGING = {
     "version": 1,

@@ -6,5 +6,6 @@ Importing this package registers every model admin with the default site.
 from .approval import ApprovalAdmin
 from .lease import ProcessLeaseAdmin
 from .rule import RuleAdmin
+from .webhook import DeliveryAdmin, WebhookAdmin
 
-__all__ = ["ApprovalAdmin", "ProcessLeaseAdmin", "RuleAdmin"]
+__all__ = ["ApprovalAdmin", "DeliveryAdmin", "ProcessLeaseAdmin", "RuleAdmin", "WebhookAdmin"]

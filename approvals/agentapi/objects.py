@@ -1,4 +1,4 @@
-"""The approval object: one call as the agent API (and webhooks) show it."""
+"""The approval object: one call as the agent API and the webhooks show it."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def approval_object(row: Any) -> dict:
     pending = status == Status.PENDING
     body["decision"] = None if pending else str(answer_for_status(status))
     body["message"] = (
-        None if pending or status == Status.ALLOWED else gate.denial_message(body["approval_id"])
+        None if pending or status == Status.ALLOWED else gate.message_for(status, body["reason"])
     )
     body["status"] = str(status)
     body["decided_via"] = str(body["decided_via"])
