@@ -41,6 +41,9 @@ def review(request: HttpRequest, approval_id: str) -> HttpResponse:
         "edited_arguments": (
             _pretty(approval.edited_arguments) if approval.edited_arguments is not None else ""
         ),
+        "arguments_schema": (
+            json.dumps(approval.arguments_schema) if approval.arguments_schema is not None else ""
+        ),
         "websocket_url": inbox_websocket_url(),
         "login_url": resolve_url(settings.LOGIN_URL),
     }

@@ -98,6 +98,45 @@ def test_the_review_page_on_a_phone(server, agent, browser, user, django_user_mo
     assert theirs.goto(f"{server.url}/approvals/no-such-call/").status == 404
 
 
+def test_the_review_page_edits_an_editable_call_before_allowing_it(server, agent, browser):
+    server.wait()
+    page = _phone(browser, server)
+    schema = {
+        "type": "object",
+        "properties": {"paths": {"type": "array", "items": {"type": "string"}}},
+        "required": ["paths"],
+    }
+    aid = agent.agent.gate(
+        "run-1",
+        user_id=agent.user_id,
+        tool_name="delete_paths",
+        arguments={"paths": ["build", "logs"]},
+        description="Free disk space \u202eexe.txt",
+        editable=True,
+        arguments_schema=schema,
+    )
+    page.goto(f"{server.url}/approvals/{aid}/")
+    expect(page.locator(".review-description")).to_contain_text("⟨U+202E⟩")
+    page.get_by_role("button", name="Edit", exact=True).click()
+    editor = page.locator("#edit-form textarea")
+    editor.fill('{"paths": "build"}')
+    expect(page.locator("#edit-form .edit-error")).to_contain_text("$.paths")
+    editor.fill('{"paths": ["build"]}')
+    expect(page.locator("#edit-form .edit-error")).to_be_hidden()
+    page.get_by_role("button", name="Allow with changes", exact=True).click()
+    line = agent.agent.answer(aid, 20)
+    assert line["answer"] == "allow"
+    assert line["arguments"] == {"paths": ["build"]}
+    expect(page.locator("#review-state")).to_have_text("Allowed")
+    expect(page.locator("pre.args").last).to_contain_text('"build"')
+    # A call gated without editable=True offers no Edit.
+    plain = agent.gate("run_shell", {"command": "ls"})
+    page.goto(f"{server.url}/approvals/{plain}/")
+    expect(page.get_by_role("button", name="Allow", exact=True)).to_be_visible()
+    assert page.get_by_role("button", name="Edit", exact=True).count() == 0
+    assert page.errors == []
+
+
 INIT = """
 (() => {
   const Real = window.Notification;

@@ -3,6 +3,8 @@
 // socket is down, GET tool-approvals every few seconds. Any sign that the call
 // is no longer waiting reloads the page, which then shows the outcome.
 
+import { readEdit, reveal } from "./inbox-edit.js";
+
 const root = document.getElementById("review");
 const cfg = root.dataset;
 const $ = (sel) => document.querySelector(sel);
@@ -30,7 +32,8 @@ function showOutcome(text) {
 }
 
 function setBusy(busy) {
-  for (const b of document.querySelectorAll("#review-actions button, #reason-form button")) b.disabled = busy;
+  const buttons = "#review-actions button, #reason-form button, #edit-form button";
+  for (const b of document.querySelectorAll(buttons)) b.disabled = busy;
 }
 
 // The call is no longer waiting: show how it ended (a fresh render of this page).
@@ -38,7 +41,7 @@ function gone() {
   if (!pending()) return;
   if (secondsLeft() <= 1) {
     cfg.status = "expired";
-    for (const el of document.querySelectorAll("#review-actions, #reason-form")) el.hidden = true;
+    for (const el of document.querySelectorAll("#review-actions, #reason-form, #edit-form")) el.hidden = true;
     showOutcome("Nobody answered in time: the call expired.");
     return;
   }
@@ -46,12 +49,13 @@ function gone() {
   window.location.reload();
 }
 
-async function decide(decision, reason = "") {
+async function decide(decision, reason = "", args = null) {
   if (!pending()) return;
   setBusy(true);
   const body = { approval_id: cfg.approvalId, decision };
   if (cfg.sessionId) body.session_id = cfg.sessionId;
   if (reason) body.reason = reason;
+  if (args) body.arguments = args;
   let data = {};
   let ok = false;
   try {
@@ -72,8 +76,50 @@ async function decide(decision, reason = "") {
     window.location.reload();
     return;
   }
-  showOutcome(data.detail || "Could not send the answer. Try again.");
+  if (args && (data.error === "invalid_arguments" || data.error === "invalid_field")) {
+    showEditError(data.detail || "The server refused these arguments.");
+  } else {
+    showOutcome(data.detail || "Could not send the answer. Try again.");
+  }
   setBusy(false);
+}
+
+// -- editing before allowing --------------------------------------------------
+
+const editForm = $("#edit-form");
+
+function schema() {
+  try {
+    return cfg.argumentsSchema ? JSON.parse(cfg.argumentsSchema) : null;
+  } catch (err) {
+    return null;
+  }
+}
+
+function showEditError(text) {
+  const el = editForm && editForm.querySelector(".edit-error");
+  if (!el) return;
+  el.textContent = text;
+  el.hidden = !text;
+}
+
+if (editForm) {
+  const area = editForm.querySelector("textarea");
+  area.addEventListener("input", () => showEditError(readEdit(area.value, schema()).error || ""));
+  editForm.addEventListener("click", (ev) => {
+    if (ev.target.closest('button[data-action="cancel-edit"]')) editForm.hidden = true;
+  });
+  editForm.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const edit = readEdit(area.value, schema());
+    if (edit.error) return showEditError(edit.error);
+    decide("allow", "", edit.value);
+  });
+}
+
+// Invisible and direction-changing characters are shown, never obeyed.
+for (const el of document.querySelectorAll("#review-title, .review-description, pre.args")) {
+  el.textContent = reveal(el.textContent);
 }
 
 function socketUrl() {
@@ -162,6 +208,9 @@ if (actions && form) {
     else if (action === "reason") {
       form.hidden = false;
       form.querySelector("textarea").focus();
+    } else if (action === "edit" && editForm) {
+      editForm.hidden = false;
+      editForm.querySelector("textarea").focus();
     }
   });
   form.addEventListener("click", (ev) => {
