@@ -28,6 +28,7 @@ TRANSPORT = {
     "approvals.channellink",
     "approvals.dbtail",
     "approvals.leases",
+    "approvals.dbwatch",
 }
 ABOVE_TRANSPORT = {
     "approvals.decisions",
