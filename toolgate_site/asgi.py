@@ -7,6 +7,8 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from toolgate_site.threads import PooledThreads
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolgate_site.settings")
 # Set up Django (and the app registry) before anything imports models.
 django_asgi_app = get_asgi_application()
@@ -20,7 +22,7 @@ from approvals.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": PooledThreads.wrap(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/", URLRouter(websocket_urlpatterns))]))
         ),
