@@ -12,13 +12,17 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.db.models import F, Max, Q
+from django.db.models import F
 from django.utils import timezone
 
 from . import events
 from .models import Approval, Status
 
 _HOLE_SECONDS = 30.0
+#: At most this many ids below a new row are watched as holes: ids handed out to
+#: transactions still open are a handful; a wide gap (rows deleted, a sequence
+#: that jumped) is not waited for, so a pass never carries a long id list.
+_HOLES_MAX = 256
 _DECIDED_OVERLAP = timedelta(seconds=10)
 _START_OVERLAP = timedelta(seconds=5)
 
@@ -28,6 +32,7 @@ def decided_among(approval_ids: list[str]) -> list[dict]:
     for start in range(0, len(approval_ids), 500):
         chunk = approval_ids[start : start + 500]
         qs = Approval.objects.filter(approval_id__in=chunk).exclude(status=Status.PENDING)
+        qs = qs.order_by()
         events.extend(decision_events(qs))
     return events
 
@@ -79,27 +84,27 @@ class DatabaseTail:
             # Start a little in the past: a socket that subscribed and read its
             # snapshot just before this first look must not miss a row committed
             # in between (it drops what its snapshot already holds).
+            # The latest row created before then, found through the created_at
+            # index (a max over every older row would read them all).
             start = timezone.now() - _START_OVERLAP
-            older = Approval.objects.filter(created_at__lt=start)
-            self.last_pk = older.aggregate(m=Max("pk"))["m"] or 0
+            older = Approval.objects.filter(created_at__lt=start).order_by("-created_at")
+            self.last_pk = older.values_list("pk", flat=True).first() or 0
         out: list[dict] = []
         fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
-        query = Q(pk__gt=self.last_pk)
-        if self.holes:
-            query |= Q(pk__in=list(self.holes))
         owner = F(f"user__{get_user_model().USERNAME_FIELD}")
-        rows = list(
-            Approval.objects.filter(query)
-            .annotate(owner=owner)
-            .order_by("pk")
-            .values(*fields, "owner")[:2000]
-        )
+        # Two primary-key look-ups: an OR of the two makes SQLite scan the table.
+        rows = []
+        if self.holes:
+            filled = Approval.objects.filter(pk__in=list(self.holes)).order_by()
+            rows.extend(filled.annotate(owner=owner).values(*fields, "owner"))
+        newer = Approval.objects.filter(pk__gt=self.last_pk).order_by("pk").annotate(owner=owner)
+        rows.extend(newer.values(*fields, "owner")[:2000])
         now = time.monotonic()
         for row in rows:
             self.holes.pop(row["pk"], None)
             if row["pk"] > self.last_pk:
                 # Ids are handed out before commit: a gap may still fill in.
-                for missing in range(self.last_pk + 1, row["pk"]):
+                for missing in range(max(self.last_pk + 1, row["pk"] - _HOLES_MAX), row["pk"]):
                     self.holes[missing] = now
                 self.last_pk = row["pk"]
             out.append(events.tool_start(row))
@@ -116,9 +121,13 @@ class DatabaseTail:
         mark = timezone.now()
         if self.decided_mark is None:
             self.decided_mark = mark - _START_OVERLAP
-        recent = Approval.objects.filter(
-            decided_at__gte=self.decided_mark - _DECIDED_OVERLAP
-        ).exclude(status=Status.PENDING)
+        # No ordering: the model's default (-created_at) would turn this indexed
+        # range into a sort of the whole table.
+        recent = (
+            Approval.objects.filter(decided_at__gte=self.decided_mark - _DECIDED_OVERLAP)
+            .exclude(status=Status.PENDING)
+            .order_by()
+        )
         new = [
             aid
             for aid, status in recent.values_list("approval_id", "status")

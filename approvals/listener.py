@@ -36,6 +36,7 @@ from django.db import close_old_connections, connection
 from .channellink import LayerLink, own_layer_instance
 from .conf import setting
 from .dbtail import DatabaseTail, decided_among
+from .dbwatch import Watcher, watcher_for
 from .leases import Lease, new_key
 from .models import FINAL_STATUSES
 from .waiting import Slot
@@ -109,6 +110,7 @@ class Listener:
         self._last_full_check = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._companions: list[Any] = []
+        self._watcher: Watcher | None = None
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -117,6 +119,11 @@ class Listener:
             self._link = LayerLink(layer, self._group, self._on_layer_message)
             self._link.start()
         self._last_run = {name: time.monotonic() for name in _periodic}
+        if self._link is None:
+            # Without a cross-process layer the database says when to look.
+            self._watcher = watcher_for(connection.alias, self.kick, self._is_active)
+            if self._watcher is not None:
+                self._watcher.start()
         t = threading.Thread(target=self._run_recheck, name="toolgate-recheck", daemon=True)
         t.start()
         self._threads.append(t)
@@ -135,6 +142,8 @@ class Listener:
         for companion in self._companions:
             if hasattr(companion, "stop"):
                 companion.stop(timeout)
+        if self._watcher is not None:
+            self._watcher.stop(timeout)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)
@@ -144,14 +153,28 @@ class Listener:
         """The channel-layer link to other processes, ``None`` without a cross-process layer."""
         return self._link
 
+    @property
+    def watcher(self) -> Watcher | None:
+        """The database watcher that kicks the re-check, ``None`` if there is none."""
+        return self._watcher
+
     def kick(self) -> None:
         """Run a re-check pass now rather than at the next interval."""
         self._kick.set()
+
+    def _is_active(self) -> bool:
+        with self._lock:
+            return bool(self._slots or self._subscribers)
+
+    def _wake_watcher(self) -> None:
+        if self._watcher is not None:
+            self._watcher.wake()
 
     # -- slots -----------------------------------------------------------
     def register(self, slot: Slot) -> Slot:
         with self._lock:
             self._slots[slot.approval_id] = slot
+        self._wake_watcher()
         return slot
 
     def unregister(self, slot: Slot) -> None:
@@ -179,6 +202,7 @@ class Listener:
         with self._lock:
             self._subscribers.add(callback)
         self._kick.set()
+        self._wake_watcher()
         return lambda: self._unsubscribe(callback)
 
     def _unsubscribe(self, callback: Subscriber) -> None:

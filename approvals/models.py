@@ -188,6 +188,7 @@ class Approval(models.Model):
             models.Index(fields=["-created_at"], name="approvals_latest"),
             models.Index(fields=["status", "-created_at"], name="approvals_status_latest"),
             models.Index(fields=["decided_at"], name="approvals_decided_at"),
+            models.Index(fields=["user", "-decided_at"], name="approvals_user_decided"),
             models.Index(
                 fields=["user", "created_at"], condition=PENDING, name="approvals_pending_user"
             ),

@@ -36,7 +36,8 @@ def warm_up() -> None:
 
 
 def section_toolgate(waiters: int) -> None:
-    """``waiters`` pending async calls in one event loop, then idle until killed."""
+    """``waiters`` tasks each awaiting ``arequest_tool_decision`` (begin + wait, the way an
+    agent runs) in one event loop, then idle until killed."""
     from approvals import gate
     from approvals.listener import get_listener
 
@@ -44,21 +45,26 @@ def section_toolgate(waiters: int) -> None:
     time.sleep(1.5)
     base = rss_mib()
     threads_before = threading.active_count()
-    t0 = time.perf_counter()
-    slots = []
-    for i in range(waiters):
-        aid = gate.new_approval_id()
-        slot = gate.begin_tool_decision(f"s{i % 50}", aid, tool_name="shell", arguments={"i": i})
-        slots.append((slot, aid))
-    begin_ms = (time.perf_counter() - t0) / waiters * MS
 
     async def main() -> None:
-        tasks = [asyncio.create_task(gate.await_tool_decision(s, a)) for s, a in slots]
+        listener = get_listener()
+        t0 = time.perf_counter()
+        tasks = [
+            asyncio.create_task(
+                gate.arequest_tool_decision(
+                    f"s{i % 50}", gate.new_approval_id(), tool_name="shell", arguments={"i": i}
+                )
+            )
+            for i in range(waiters)
+        ]
+        while listener.pending_slots() < waiters:  # noqa: ASYNC110 (a count kept by threads)
+            await asyncio.sleep(0.02)
+        begin_ms = (time.perf_counter() - t0) / waiters * MS
         await asyncio.sleep(0.5)
         assert not any(t.done() for t in tasks)
         _ready(
             base_rss_mib=base,
-            pending_slots=get_listener().pending_slots(),
+            pending_slots=listener.pending_slots(),
             extra_threads=threading.active_count() - threads_before,
             begin_per_call_ms=begin_ms,
         )
@@ -151,13 +157,15 @@ def _polling_cancel_p50(g: PollingGate, cancels: int) -> float:
     return percentile(lat, 50) * MS
 
 
-def run_child(section: str, database_url: str, idle: float, **kw) -> dict:
+def run_child(
+    section: str, database_url: str, idle: float, python: str = sys.executable, **kw
+) -> dict:
     """Start a section in a child, then measure its RSS and idle CPU from here.
 
     Measuring from outside keeps the figures honest when the child's own
     threads would starve a measuring thread of the GIL (the polling gate does).
     """
-    args = [sys.executable, GATE, "--section", section, "--database-url", database_url]
+    args = [python, GATE, "--section", section, "--database-url", database_url]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
     errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in finally)

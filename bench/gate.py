@@ -213,6 +213,14 @@ def main() -> None:
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--waiters", type=int, default=10_000)
     parser.add_argument("--cancels", type=int, default=200)
+    parser.add_argument(
+        "--also-python",
+        action="append",
+        default=[p for p in os.environ.get("TOOLGATE_BENCH_PYTHONS", "").split(",") if p],
+        metavar="PATH",
+        help="also measure the 10,000 waiters under this interpreter (its own venv with the "
+        "requirements; TOOLGATE_BENCH_PYTHONS=a,b does the same)",
+    )
     args = parser.parse_args()
     os.environ.pop("REDIS_URL", None)
     if args.section:
@@ -246,6 +254,9 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     tg = run_child("toolgate", database_url, idle, waiters=10_000)
     th = run_child("threads", database_url, idle, waiters=5_000, cancels=200)
     f = latency_figures(ws, wa, cs, ce, ct, parts) | idle_figures(tg, th, cs + ce + ct)
+    for python in args.also_python:
+        other = run_child("toolgate", database_url, idle, python=python, waiters=10_000)
+        f |= other_python_figures(python, other)
     for fig in f.values():
         if fig["goal"]:
             limit = float(fig["goal"].split()[-1])
@@ -257,6 +268,31 @@ def run(args: argparse.Namespace, database_url: str) -> None:
         "(RECHECK_INTERVAL 1 s)",
     ]
     report("gate", f, notes)
+
+
+def other_python_figures(python: str, tg: dict) -> dict:
+    """The 10,000 waiters under another interpreter (named by its version)."""
+    import subprocess
+
+    version = subprocess.run(
+        [python, "-c", "import sys, django; print(sys.version.split()[0], django.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    tag = f"Python {version[0]}, Django {version[1]}"
+    key = "py" + "".join(version[0].split(".")[:2])
+    return {
+        f"{key}_waiters_rss": figure(
+            tg["rss_delta_mib"], "MiB", f"10,000 async waiters ({tag}): RSS above baseline", "≤ 50"
+        ),
+        f"{key}_waiters_cpu": figure(
+            tg["idle_cpu_percent"],
+            "% of a core",
+            f"10,000 async waiters ({tag}): CPU while idle",
+            "≤ 1",
+        ),
+    }
 
 
 def latency_figures(ws, wa, cs, ce, ct, parts) -> dict:

@@ -114,6 +114,43 @@ def drive(server, sessionid: str, aids: list[str], clients: int) -> tuple[dict, 
     return sent, rtts, time.monotonic() - start
 
 
+def trivial(server, sessionid: str, count: int, clients: int) -> float:
+    """GET the trivial JSON view ``count`` times from ``clients`` threads; requests per second."""
+    import http.client
+
+    work: queue.Queue = queue.Queue()
+    for i in range(count):
+        work.put(i)
+    failures: list = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        headers = {"Cookie": f"sessionid={sessionid}"}
+        try:
+            while True:
+                try:
+                    work.get_nowait()
+                except queue.Empty:
+                    return
+                conn.request("GET", "/bench/ping", headers=headers)
+                response = conn.getresponse()
+                response.read()
+                if response.status != 200:
+                    failures.append(response.status)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} trivial requests failed, e.g. {failures[:3]}")
+    return count / (time.monotonic() - start)
+
+
 def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dict:
     """One server, one agent, ``calls`` decisions; the figures for this mode."""
     from django.contrib.auth import get_user_model
@@ -125,6 +162,7 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
     web = Client()
     web.force_login(user)
     env = child_env(os.environ["DATABASE_URL"])
+    env["DJANGO_SETTINGS_MODULE"] = "bench._http_settings"  # adds /bench/ping
     env.pop("REDIS_URL", None)
     if redis_url:
         env["REDIS_URL"] = redis_url
@@ -133,8 +171,11 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
         agent = Agent()
         aids = agent.gate(calls, user)
         time.sleep(1.0)
+        sessionid = web.cookies["sessionid"].value
+        trivial(server, sessionid, 200, clients)  # warm up
+        ping_rate = trivial(server, sessionid, calls, clients)
         rss0, cpu0 = rss_of(server.proc.pid), cpu_of(server.proc.pid)
-        sent, rtts, seconds = drive(server, web.cookies["sessionid"].value, aids, clients)
+        sent, rtts, seconds = drive(server, sessionid, aids, clients)
         server_cpu = cpu_of(server.proc.pid) - cpu0
         deadline = time.monotonic() + 10
         while len(agent.woke) < len(aids) and time.monotonic() < deadline:
@@ -145,6 +186,7 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
     wakes = [agent.woke[a][0] - sent[a] for a in aids if a in agent.woke]
     return {
         "rate": len(aids) / seconds,
+        "ping_rate": ping_rate,
         "rtt": rtts,
         "wake": wakes,
         "lost": len(aids) - len(wakes) + sum(agent.woke[a][1] != "allow" for a in agent.woke),
@@ -175,6 +217,16 @@ def main() -> None:
             figures.update(
                 {
                     f"{label}_decisions_per_s": figure(r["rate"], "/s", f"decisions/s ({where})"),
+                    f"{label}_trivial_per_s": figure(
+                        r["ping_rate"], "/s", f"trivial JSON GETs/s, same server ({where})"
+                    ),
+                    f"{label}_decision_ratio": figure(
+                        r["rate"] / r["ping_rate"] * 100,
+                        "%",
+                        f"decisions/s as a share of trivial GETs/s ({where})",
+                        ">= 70 %",
+                        r["rate"] / r["ping_rate"] >= 0.7,
+                    ),
                     f"{label}_rtt_p50_ms": figure(
                         percentile(r["rtt"], 50) * MS, "ms", f"HTTP round trip p50 ({where})"
                     ),

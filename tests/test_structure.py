@@ -29,6 +29,7 @@ TRANSPORT = {
     "approvals.channellink",
     "approvals.dbtail",
     "approvals.leases",
+    "approvals.dbwatch",
 }
 ABOVE_TRANSPORT = {
     "approvals.decisions",

@@ -7,6 +7,8 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from toolgate_site.threads import PooledThreads
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolgate_site.settings")
 # Set up Django (and the app registry) before anything imports models.
 django_asgi_app = get_asgi_application()
@@ -25,7 +27,7 @@ get_listener()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": PooledThreads.wrap(django_asgi_app),
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/", URLRouter(websocket_urlpatterns))]))
         ),

@@ -1,0 +1,205 @@
+"""Database watchers: learn within milliseconds that another process committed.
+
+Without a cross-process channel layer the listener's table tail is the
+transport, read once per ``RECHECK_INTERVAL``. A watcher lets the database
+itself say when to read it, so a decision or a new call crosses processes in
+milliseconds; the tail stays the safety net, and what the tail reads is still
+what is delivered (the database is the truth, and delivery dedupes).
+
+* SQLite: ``PRAGMA data_version`` changes for a connection when another
+  connection commits, and reading it costs microseconds. One thread per
+  process reads it on a dedicated connection every few milliseconds (5 ms just
+  after a change, backing off to 20 ms when quiet, and not at all while the
+  process has no waiter and no socket), and kicks the re-check when it moved.
+* PostgreSQL: ``LISTEN`` on one dedicated autocommit connection per process.
+  A trigger (migration 0003) sends ``NOTIFY`` from the writing transaction,
+  so it arrives only once that transaction committed. The connection
+  reconnects on its own with backoff, and kicks a re-check after each
+  reconnect, so nothing committed while it was away is lost.
+
+It knows nothing of decisions, rules or HTTP: it only calls ``on_change()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import connections
+
+logger = logging.getLogger("approvals.listener")
+
+#: The PostgreSQL channel the trigger of migration 0003 notifies on.
+PG_CHANNEL = "toolgate_approvals"
+
+FAST_POLL = 0.005
+SLOW_POLL = 0.020
+IDLE_WAIT = 0.25
+_STAT_EVERY = 1.0
+_BACKOFF_MAX = 5.0
+
+
+class Watcher:
+    """A daemon thread that calls ``on_change()`` soon after another connection commits.
+
+    ``active()`` says whether anybody here would care (waiters, sockets); while
+    it is false the thread looks only every ``IDLE_WAIT`` seconds, and
+    :meth:`wake` ends such a wait at once.
+    """
+
+    name = "toolgate-dbwatch"
+
+    def __init__(
+        self, alias: str, on_change: Callable[[], None], active: Callable[[], bool]
+    ) -> None:
+        self.alias = alias
+        self.on_change = on_change
+        self.active = active
+        self.changes = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._guarded, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Someone here started caring: end an idle wait now."""
+        self._wake.set()
+
+    def _changed(self) -> None:
+        self.changes += 1
+        try:
+            self.on_change()
+        except Exception:
+            logger.exception("approvals: database watcher callback failed")
+
+    def _guarded(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.run()
+            except Exception as exc:
+                logger.warning("approvals: database watcher failed: %s", exc)
+            if time.monotonic() - started > 30:
+                backoff = 0.1
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def run(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class SqliteWatcher(Watcher):
+    """Reads ``PRAGMA data_version`` on a connection of its own."""
+
+    def _path(self) -> str:
+        return str(connections[self.alias].settings_dict["NAME"])
+
+    def run(self) -> None:
+        path = self._path()
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1)
+        try:
+            self._watch(conn, path, _identity(path))
+        finally:
+            conn.close()
+
+    def _watch(self, conn: sqlite3.Connection, path: str, ident: tuple | None) -> None:
+        version = _data_version(conn)
+        # (Re)opened: whatever happened before is unknown, so look once.
+        self._changed()
+        delay = FAST_POLL
+        next_stat = time.monotonic() + _STAT_EVERY
+        while not self._stop.is_set():
+            if not self.active():
+                self._wake.wait(IDLE_WAIT)
+                self._wake.clear()
+                delay = FAST_POLL
+            else:
+                self._stop.wait(delay)
+            now = time.monotonic()
+            if now >= next_stat:
+                next_stat = now + _STAT_EVERY
+                # The file replaced (a test's fresh database, a restore) or the
+                # database renamed: open the new one.
+                if self._path() != path or _identity(path) != ident:
+                    return
+            seen = _data_version(conn)
+            if seen != version:
+                version = seen
+                delay = FAST_POLL
+                self._changed()
+            else:
+                delay = min(delay * 1.25, SLOW_POLL)
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA data_version").fetchone()[0]
+
+
+def _identity(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class PostgresWatcher(Watcher):
+    """``LISTEN`` on a dedicated autocommit connection; each notification kicks."""
+
+    #: Seconds each wait for notifications lasts before the stop flag is looked at.
+    WAIT = 1.0
+
+    def connect(self):
+        import psycopg
+
+        params = dict(connections[self.alias].get_connection_params())
+        for key in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
+            params.pop(key, None)
+        params.setdefault("connect_timeout", 5)
+        return psycopg.connect(**params, autocommit=True)
+
+    def run(self) -> None:
+        conn = self.connect()
+        try:
+            conn.execute(f"LISTEN {PG_CHANNEL}")
+            self.pid = conn.info.backend_pid
+            # Anything committed while no connection listened is read now.
+            self._changed()
+            while not self._stop.is_set():
+                for _ in conn.notifies(timeout=self.WAIT):
+                    self._changed()  # a kick: several close together make one pass
+        finally:
+            conn.close()
+
+
+def watcher_for(
+    alias: str, on_change: Callable[[], None], active: Callable[[], bool]
+) -> Watcher | None:
+    """A watcher for the database ``alias``, or ``None`` if it has no way to tell."""
+    conn = connections[alias]
+    if conn.vendor == "sqlite":
+        name = str(conn.settings_dict.get("NAME") or "")
+        if not name or name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
+            return None
+        return SqliteWatcher(alias, on_change, active)
+    if conn.vendor == "postgresql":
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:  # psycopg2: the re-check alone carries events
+            return None
+        return PostgresWatcher(alias, on_change, active)
+    return None
