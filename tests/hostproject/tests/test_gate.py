@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from approvals import gate
-from approvals.decisions import decide, visible_to
+from approvals.decisions import decide
 from approvals.models import Approval, Rule
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,9 +61,9 @@ def test_async_twins_with_a_uuid_user(alice):
 def test_visibility_and_decisions_follow_uuid_owners(alice, bob, reviewer):
     aid = gate.new_approval_id()
     slot = gate.begin_tool_decision("run-4", aid, tool_name="shell", user=alice)
-    assert list(visible_to(alice).values_list("approval_id", flat=True)) == [aid]
-    assert not visible_to(bob).exists()
-    assert visible_to(reviewer).filter(approval_id=aid).exists()
+    assert list(Approval.objects.visible_to(alice).values_list("approval_id", flat=True)) == [aid]
+    assert not Approval.objects.visible_to(bob).exists()
+    assert Approval.objects.visible_to(reviewer).filter(approval_id=aid).exists()
 
     assert decide(aid, "allowed", via="web", by=bob, viewer=bob).error == "not_found"
     outcome = decide(aid, "allowed", via="web", by=reviewer, viewer=reviewer)
