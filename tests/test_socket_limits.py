@@ -187,3 +187,63 @@ def test_a_locked_database_does_not_stall_other_sockets(users):
     reply, answered, connected = run(scenario())
     assert reply["error"] == "not_found"
     assert answered < 5 and connected < 10
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="locks the SQLite file")
+@pytest.mark.parametrize("threads", ["pool", "one"])
+def test_a_confirm_waiting_for_the_write_lock_does_not_hold_up_other_users(
+    users, monkeypatch, threads
+):
+    """Alice's allow waits seconds for a write lock held outside; Bob's read-only confirm
+    and a new socket's snapshot answer first. With one thread for every socket's database
+    work (Channels' ``database_sync_to_async``, as before), they queue behind her: the
+    ``"one"`` case shows the scenario does stall a single thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alice, alice_cookie = users["alice"]
+    _, bob_cookie = users["bob"]
+    if threads == "one":
+        monkeypatch.setattr(hub, "_executor", ThreadPoolExecutor(1))
+    done: dict[str, float] = {}
+
+    async def timed(name, coro):
+        result = await coro
+        done[name] = time.monotonic()
+        return result
+
+    async def new_socket():
+        comm = await ws(bob_cookie)
+        return await snapshot_of(comm)
+
+    async def decide(comm, **fields):
+        await comm.send_json_to({"type": "tool_confirm", **fields})
+        return await next_of(comm, "tool_confirm_result", timeout=15)
+
+    async def scenario():
+        aid, _ = await agate(user=alice)
+        a, b = await ws(alice_cookie), await ws(bob_cookie)
+        await snapshot_of(a)
+        await snapshot_of(b)
+        locker = sqlite3.connect(connection.settings_dict["NAME"], timeout=1)
+        locker.isolation_level = None
+        locker.execute("BEGIN IMMEDIATE")
+        asyncio.get_running_loop().call_later(3, locker.execute, "ROLLBACK")
+        try:
+            writer = asyncio.ensure_future(
+                timed("alice", decide(a, approval_id=aid, decision="allow"))
+            )
+            await asyncio.sleep(0.5)  # her decision is waiting for the lock now
+            reader = timed("bob", decide(b, approval_id=gate.new_approval_id(), decision="deny"))
+            results = await asyncio.gather(writer, reader, timed("connect", new_socket()))
+        finally:
+            await asyncio.sleep(0)  # the rollback, if not yet run
+            locker.close()
+        return aid, results
+
+    aid, (mine, theirs, snapshot) = run(scenario())
+    assert mine["resolved"] is True and theirs["error"] == "not_found" and snapshot == []
+    assert Approval.objects.get(approval_id=aid).status == "allowed"
+    if threads == "pool":
+        assert done["bob"] < done["alice"] and done["connect"] < done["alice"], done
+    else:
+        assert done["bob"] > done["alice"] and done["connect"] > done["alice"], done
