@@ -127,6 +127,20 @@ def test_daphne_send_still_reaches_the_twisted_transport_buffers():
     assert probe() == 1400
 
 
+def test_the_probe_looks_through_channels_session_middleware():
+    """The consumer's ``send`` is Channels' ``InstanceSessionWrapper.send``, which keeps
+    daphne's as ``real_send``."""
+    from channels.sessions import InstanceSessionWrapper
+    from twisted.internet.abstract import FileDescriptor
+    from twisted.internet.testing import MemoryReactor
+
+    protocol = _Protocol()
+    protocol.transport = FileDescriptor(MemoryReactor())
+    wrapper = InstanceSessionWrapper({"type": "websocket", "cookies": {}}, _daphne_send(protocol))
+    assert wrapper.real_send is not None, "InstanceSessionWrapper.real_send changed"
+    assert _compat.unsent_bytes_probe(wrapper.send) is not None
+
+
 def test_the_probe_is_none_under_another_server():
     async def send(message):
         return None
