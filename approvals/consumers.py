@@ -30,6 +30,7 @@ from .hub import (
     CLOSE_SIGNED_OUT,
     CLOSE_TOO_SLOW,
     SocketQueue,
+    collect_soon,
     db_call,
     hub_for_running_loop,
     leave,
@@ -105,16 +106,19 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         """Stop this socket's events at once and close it with ``code``."""
         queue = getattr(self, "queue", None)
         if queue is not None:
-            queue.dropped = True
+            queue.close()
             leave(queue)
         try:
             await self.close(code=code)
         except Exception:  # the connection is gone already
             pass
+        if code == CLOSE_TOO_SLOW:
+            collect_soon()  # what the server buffered for it is megabytes
 
     async def disconnect(self, code: int) -> None:
         queue = getattr(self, "queue", None)
         if queue is not None:
+            queue.close()
             leave(queue)
         sender = getattr(self, "sender", None)
         if sender is not None:

@@ -35,7 +35,16 @@ START = "<!-- figures:start (written by bench/run_all.py; edits here are overwri
 END = "<!-- figures:end -->"
 MARK = "BENCH_JSON "
 #: Run order (the rest follow alphabetically).
-ORDER = ["gate", "rules", "http_load", "cross_process", "soak", "changelist", "agents"]
+ORDER = [
+    "gate",
+    "rules",
+    "http_load",
+    "cross_process",
+    "soak",
+    "changelist",
+    "agents",
+    "slow_sockets",
+]
 #: Extra arguments, used only when the script's --help mentions the option.
 FULL_ARGS: dict[str, list[str]] = {"soak": ["--seconds", "60"]}
 QUICK_ARGS: dict[str, list[str]] = {
