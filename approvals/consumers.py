@@ -21,7 +21,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 
-from . import _compat, errors, payloads
+from . import _compat, errors, events, payloads
 from .conf import setting
 from .decisions import Outcome
 from .errors import RequestError
@@ -35,6 +35,8 @@ from .hub import (
     hub_for_running_loop,
     leave,
     live_sessions,
+    preview_bytes,
+    snapshot_bytes,
 )
 from .models import Approval, Via
 from .permissions import may_decide_any
@@ -236,10 +238,13 @@ class SignedOut(Exception):
 
 
 def _within_bytes(items: list[dict]) -> dict:
-    """The snapshot's body: the oldest items within ``SNAPSHOT_MAX_BYTES``, and how many more."""
-    budget = setting("SNAPSHOT_MAX_BYTES") - 64
+    """The snapshot's body: the oldest items within ``SNAPSHOT_MAX_BYTES``, and how many more
+    (each item's arguments cut to ``PREVIEW_BYTES``)."""
+    budget = snapshot_bytes() - 64
+    limit = preview_bytes()
     kept: list[dict] = []
     for item in items:
+        item = events.with_preview(item, limit)
         budget -= len(json.dumps(item)) + 1
         if budget < 0:
             break

@@ -113,6 +113,22 @@ def _trim_heap() -> None:
         pass
 
 
+#: The most ``PREVIEW_BYTES`` and ``SNAPSHOT_MAX_BYTES`` may use, whatever the settings
+#: say: daphne (autobahn) refuses a frame over 1 MiB.
+MAX_PREVIEW_BYTES = 256 * 1024
+MAX_SNAPSHOT_BYTES = 768 * 1024
+
+
+def preview_bytes() -> int:
+    """The largest ``arguments`` a socket frame carries in full."""
+    return min(int(setting("PREVIEW_BYTES")), MAX_PREVIEW_BYTES)
+
+
+def snapshot_bytes() -> int:
+    """The largest snapshot frame."""
+    return min(int(setting("SNAPSHOT_MAX_BYTES")), MAX_SNAPSHOT_BYTES)
+
+
 #: Event types a client is sent; anything else the listener carries is internal.
 CLIENT_EVENTS = frozenset({"tool_start", "tool_decision"})
 
@@ -203,7 +219,7 @@ class Hub:
             targets.extend(self.by_user.get(str(owner), ()))
         if not targets:
             return
-        item = (event, json.dumps(events.public(event)))
+        item = (event, json.dumps(events.with_preview(events.public(event), preview_bytes())))
         for queue in targets:
             queue.offer(item) if isinstance(queue, SocketQueue) else queue.put_nowait(item)
 
