@@ -1,5 +1,6 @@
 // Rendering for the inbox: cards, history, rules and the connection badge.
 // Every piece of data goes on the page with textContent, never as HTML.
+import { offerFullArguments } from "./inbox-more.js";
 
 export const $ = (sel, el = document) => el.querySelector(sel);
 const pendingList = $("#pending-list");
@@ -79,6 +80,7 @@ export function addCard(item) {
   if (item.session_id) session.href = sessionHref(item.session_id);
   else session.removeAttribute("href");
   $(".args", el).textContent = prettyArguments(item.arguments);
+  if (item.arguments_truncated) offerFullArguments(el, item);
   const card = { el, item, busy: false };
   cards.set(item.approval_id, card);
   insertInOrder(el, item.created_at);
