@@ -43,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
     # Largest ``arguments`` a socket event or snapshot item carries, in bytes of compact
     # JSON; larger ones are sent as the start of that text with
     # ``"arguments_truncated": true`` (the page loads the rest from
-    # ``tool-approvals/<approval_id>``). At most 256 KiB is used.
+    # ``tool-approvals/<approval_id>``). At most 192 KiB is used.
     "PREVIEW_BYTES": 64 * 1024,
     # Largest snapshot frame, in bytes (at most 768 KiB is used): the oldest calls
     # that fit are sent, with ``"more"`` saying how many were left out.

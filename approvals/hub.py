@@ -114,8 +114,10 @@ def _trim_heap() -> None:
 
 
 #: The most ``PREVIEW_BYTES`` and ``SNAPSHOT_MAX_BYTES`` may use, whatever the settings
-#: say: daphne (autobahn) refuses a frame over 1 MiB.
-MAX_PREVIEW_BYTES = 256 * 1024
+#: say: daphne (autobahn) refuses a frame over 1 MiB. Frames are ASCII JSON, where a
+#: 4-byte character takes 12: a 192 KiB preview, a 64 KiB schema and a description
+#: stay under 1 MiB.
+MAX_PREVIEW_BYTES = 192 * 1024
 MAX_SNAPSHOT_BYTES = 768 * 1024
 
 

@@ -311,3 +311,11 @@ def test_large_arguments_are_previewed_on_the_socket_and_whole_over_http(users):
         answer = client.get(f"/api/inference/tool-approvals/{aid}")
         assert (answer.status_code, answer.json()["error"]) == (404, "not_found")
     assert Client().get(f"/api/inference/tool-approvals/{big}").status_code == 401
+
+
+def test_a_huge_arguments_schema_is_refused_by_the_gate():
+    schema = {"description": "d" * 70_000}
+    with pytest.raises(ValueError, match="arguments_schema"):
+        gate.begin_tool_decision(
+            "s", gate.new_approval_id(), editable=True, arguments_schema=schema
+        )
