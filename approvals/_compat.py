@@ -129,8 +129,15 @@ def unsent_bytes_probe(send: Any) -> Callable[[], int] | None:
     Twisted, which buffers without limit for a client that stops reading. Under
     daphne, the consumer's ``send`` is ``partial(server.handle_reply, protocol)``
     and the protocol's Twisted transport keeps its unsent bytes in
-    ``dataBuffer``/``offset`` and ``_tempDataLen``. Any other server: ``None``.
+    ``dataBuffer``/``offset`` and ``_tempDataLen``. Channels' session middleware
+    hands the consumer its own ``send`` and keeps daphne's as ``real_send``: that
+    wrapping is looked through. Any other server: ``None``.
     """
+    for _ in range(8):  # middleware that wrap send the way Channels' sessions do
+        inner = getattr(getattr(send, "__self__", None), "real_send", None)
+        if inner is None:
+            break
+        send = inner
     protocol = send.args[0] if getattr(send, "args", None) else None
     transport = getattr(protocol, "transport", None)
     if transport is None or not hasattr(transport, "_tempDataLen"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import string
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -54,6 +55,8 @@ def _split(raw: str) -> tuple[str, str] | None:
         return None
     prefix, secret = parts[1], parts[2]
     if len(prefix) != _PREFIX_HEX or not secret or len(secret) > 200:
+        return None
+    if prefix.strip(string.hexdigits):  # not hex (a NUL, say): no key has it
         return None
     return prefix, secret
 

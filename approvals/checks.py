@@ -111,6 +111,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "AGENT_LEASE_TIMEOUT",
         "MAX_ARGUMENTS_BYTES",
         "SNAPSHOT_MAX_BYTES",
+        "PREVIEW_BYTES",
         "SOCKET_QUEUE_LIMIT",
         "SOCKET_BACKLOG_BYTES",
         "MAX_SOCKETS_PER_USER",

@@ -40,8 +40,13 @@ DEFAULTS: dict[str, Any] = {
     # Largest ``arguments`` of a gated call, in bytes of compact JSON (the gate
     # raises ValueError above it), so every event fits a WebSocket frame.
     "MAX_ARGUMENTS_BYTES": 64 * 1024,
-    # Largest snapshot frame, in bytes: the oldest calls that fit are sent, with
-    # ``"more"`` saying how many were left out (the page lists them over HTTP).
+    # Largest ``arguments`` a socket event or snapshot item carries, in bytes of compact
+    # JSON; larger ones are sent as the start of that text with
+    # ``"arguments_truncated": true`` (the page loads the rest from
+    # ``tool-approvals/<approval_id>``). At most 192 KiB is used.
+    "PREVIEW_BYTES": 64 * 1024,
+    # Largest snapshot frame, in bytes (at most 768 KiB is used): the oldest calls
+    # that fit are sent, with ``"more"`` saying how many were left out.
     "SNAPSHOT_MAX_BYTES": 512 * 1024,
     # Events queued for one socket before it counts as too slow and is closed
     # (code 4408; the page reconnects and gets a fresh snapshot).

@@ -21,7 +21,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 
-from . import _compat, errors, payloads
+from . import _compat, errors, events, payloads
 from .conf import setting
 from .decisions import Outcome
 from .errors import RequestError
@@ -30,10 +30,13 @@ from .hub import (
     CLOSE_SIGNED_OUT,
     CLOSE_TOO_SLOW,
     SocketQueue,
+    collect_soon,
     db_call,
     hub_for_running_loop,
     leave,
     live_sessions,
+    preview_bytes,
+    snapshot_bytes,
 )
 from .models import Approval, Via
 from .permissions import may_decide_any
@@ -105,16 +108,19 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         """Stop this socket's events at once and close it with ``code``."""
         queue = getattr(self, "queue", None)
         if queue is not None:
-            queue.dropped = True
+            queue.close()
             leave(queue)
         try:
             await self.close(code=code)
         except Exception:  # the connection is gone already
             pass
+        if code == CLOSE_TOO_SLOW:
+            collect_soon()  # what the server buffered for it is megabytes
 
     async def disconnect(self, code: int) -> None:
         queue = getattr(self, "queue", None)
         if queue is not None:
+            queue.close()
             leave(queue)
         sender = getattr(self, "sender", None)
         if sender is not None:
@@ -232,10 +238,13 @@ class SignedOut(Exception):
 
 
 def _within_bytes(items: list[dict]) -> dict:
-    """The snapshot's body: the oldest items within ``SNAPSHOT_MAX_BYTES``, and how many more."""
-    budget = setting("SNAPSHOT_MAX_BYTES") - 64
+    """The snapshot's body: the oldest items within ``SNAPSHOT_MAX_BYTES``, and how many more
+    (each item's arguments cut to ``PREVIEW_BYTES``)."""
+    budget = snapshot_bytes() - 64
+    limit = preview_bytes()
     kept: list[dict] = []
     for item in items:
+        item = events.with_preview(item, limit)
         budget -= len(json.dumps(item)) + 1
         if budget < 0:
             break

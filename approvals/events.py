@@ -6,6 +6,7 @@ the event, where it came from) and are stripped before a client sees them.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -83,6 +84,26 @@ def display_user(user: Any) -> str | None:
     if user is None or not hasattr(user, "get_username"):
         return None if user is None else str(user)
     return user.get_username()
+
+
+def with_preview(item: dict, limit: int) -> dict:
+    """``item`` as a socket carries it: ``arguments`` over ``limit`` bytes of compact JSON
+    become the first ``limit`` bytes of that text, with ``"arguments_truncated": true``.
+
+    A socket frame has a size limit in the server (1 MiB in daphne); the full
+    arguments are one HTTP request away (``tool-approvals/<approval_id>``).
+    """
+    if "arguments" not in item:
+        return item
+    text = json.dumps(item["arguments"], separators=(",", ":"), ensure_ascii=False)
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit:
+        return item
+    return {
+        **item,
+        "arguments": encoded[:limit].decode("utf-8", "ignore"),
+        "arguments_truncated": True,
+    }
 
 
 def public(event: dict) -> dict:

@@ -163,6 +163,8 @@ def _has_nul(value: Any) -> bool:
 
 #: The longest ``description`` a gated call may carry.
 MAX_DESCRIPTION_LENGTH = 2000
+#: The largest ``arguments_schema``, in bytes of compact (ASCII) JSON.
+MAX_SCHEMA_BYTES = 64 * 1024
 
 
 def check_context(description: Any, editable: Any, arguments_schema: Any) -> None:
@@ -176,9 +178,11 @@ def check_context(description: Any, editable: Any, arguments_schema: Any) -> Non
         if not isinstance(arguments_schema, dict):
             raise ValueError("arguments_schema must be a JSON Schema object (a dict) or None")
         try:
-            json.dumps(arguments_schema)
+            size = len(json.dumps(arguments_schema, separators=(",", ":")))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"arguments_schema must be JSON-serialisable: {exc}") from None
+        if size > MAX_SCHEMA_BYTES:  # it travels whole in every socket event of the call
+            raise ValueError(f"arguments_schema is over {MAX_SCHEMA_BYTES} bytes of JSON")
         argschema.check_schema(arguments_schema)
 
 

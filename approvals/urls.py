@@ -9,6 +9,7 @@ app_name = "approvals"
 urlpatterns = [
     path("tool-confirm", views.tool_confirm, name="tool-confirm"),
     path("tool-approvals", views.tool_approvals, name="tool-approvals"),
+    path("tool-approvals/<str:approval_id>", views.tool_approval, name="tool-approval"),
     path("rules", views.rule_list, name="rules"),
     path("rules/<str:pk>/revoke", views.rule_revoke, name="rule-revoke"),
     path("openapi.json", views.openapi, name="openapi"),

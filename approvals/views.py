@@ -69,6 +69,28 @@ def tool_approvals(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"pending": qs.pending_items(setting("PENDING_LIMIT"))})
 
 
+@json_endpoint("GET")
+def tool_approval(request: HttpRequest, approval_id: str) -> JsonResponse:
+    """One call the signed-in user may see, with its full arguments and its status.
+
+    Sockets carry arguments over ``PREVIEW_BYTES`` cut short; the page loads
+    them whole from here. Another user's call is "not found", like an unknown id.
+    """
+    row = None
+    if 0 < len(approval_id) <= Approval.limit("approval_id") and approval_id.isprintable():
+        row = (
+            Approval.objects.visible_to(request.user)
+            .filter(approval_id=approval_id)
+            .values(*events.PENDING_FIELDS, "status")
+            .first()
+        )
+    if row is None:
+        return error_response(
+            errors.NOT_FOUND, "No tool call with that approval_id is yours.", status=404
+        )
+    return JsonResponse({**events.pending_item(row), "status": row["status"]})
+
+
 def _rule_item(row: dict) -> dict:
     item = dict(row)
     item["created_at"] = events.iso(item["created_at"])

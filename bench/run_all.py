@@ -44,6 +44,7 @@ ORDER = [
     "changelist",
     "agents",
     "webhooks",
+    "slow_sockets",
 ]
 #: Extra arguments, used only when the script's --help mentions the option.
 FULL_ARGS: dict[str, list[str]] = {"soak": ["--seconds", "60"]}

@@ -107,8 +107,11 @@ class Server:
         stop_process(self.proc)
 
 
-def start_daphne(env: dict, port: int = 0, *, approvals: dict | None = None) -> Server:
-    """Start daphne on ``port`` (0: a free one, bound here and handed over as a descriptor)."""
+def start_daphne(
+    env: dict, port: int = 0, *, approvals: dict | None = None, stderr: Any = None
+) -> Server:
+    """Start daphne on ``port`` (0: a free one, bound here and handed over as a descriptor);
+    ``stderr``, when given, receives its log (a file or ``subprocess.PIPE``)."""
     command = [sys.executable, "-m", "daphne", "-v", "0"]
     listener = None
     if port:
@@ -130,6 +133,7 @@ def start_daphne(env: dict, port: int = 0, *, approvals: dict | None = None) -> 
             env=child_environment(env, approvals),
             pass_fds=fds,
             preexec_fn=_die_with_parent,
+            stderr=stderr,
         )
     finally:
         if listener is not None:

@@ -75,3 +75,74 @@ def test_channels_router_tree_is_still_walkable():
 def test_a_regex_route_names_no_single_path():
     app = URLRouter([re_path(r"^ws/(?P<x>\w+)/$", ApprovalsConsumer.as_asgi())])
     assert _compat.route_to_consumer(app, _is_ours) is None
+
+
+class _Protocol:
+    """Stands for daphne's WebSocket protocol: what the probe reads is its ``transport``."""
+
+    transport = None
+
+
+def _daphne_send(protocol):
+    """The ``send`` daphne gives an application serving ``protocol`` (its own code path)."""
+    import asyncio
+
+    from daphne.server import Server
+
+    given = {}
+
+    async def application(scope, receive, send):
+        given["send"] = send
+
+    async def build():
+        server = Server(application, endpoints=["tcp:port=0"], signal_handlers=False)
+        server.connections = {protocol: {}}
+        server.create_application(protocol, {"type": "websocket"})
+        await asyncio.sleep(0)  # the application instance runs and hands its send over
+        server.connections[protocol]["application_instance"].cancel()
+
+    asyncio.run(build())
+    return given["send"]
+
+
+def test_daphne_send_still_reaches_the_twisted_transport_buffers():
+    """The unsent-bytes probe reads daphne's ``partial(handle_reply, protocol)`` and the
+    Twisted transport's ``dataBuffer``/``offset``/``_tempDataLen``: a change to any of
+    them would leave never-reading sockets unbounded again, so it fails here."""
+    from twisted.internet.abstract import FileDescriptor
+    from twisted.internet.testing import MemoryReactor
+
+    transport = FileDescriptor(MemoryReactor())
+    transport.connected = True
+    for name in ("dataBuffer", "offset", "_tempDataLen", "_tempDataBuffer"):
+        assert hasattr(transport, name), f"twisted FileDescriptor.{name} changed"
+    protocol = _Protocol()
+    protocol.transport = transport
+    probe = _compat.unsent_bytes_probe(_daphne_send(protocol))
+    assert probe is not None, "daphne's send no longer carries its protocol"
+    assert probe() == 0
+    transport.write(b"x" * 1000)  # queued, not yet written (no reactor runs)
+    assert probe() == 1000
+    transport.dataBuffer, transport.offset = b"y" * 500, 100  # a half-written buffer
+    assert probe() == 1400
+
+
+def test_the_probe_looks_through_channels_session_middleware():
+    """The consumer's ``send`` is Channels' ``InstanceSessionWrapper.send``, which keeps
+    daphne's as ``real_send``."""
+    from channels.sessions import InstanceSessionWrapper
+    from twisted.internet.abstract import FileDescriptor
+    from twisted.internet.testing import MemoryReactor
+
+    protocol = _Protocol()
+    protocol.transport = FileDescriptor(MemoryReactor())
+    wrapper = InstanceSessionWrapper({"type": "websocket", "cookies": {}}, _daphne_send(protocol))
+    assert wrapper.real_send is not None, "InstanceSessionWrapper.real_send changed"
+    assert _compat.unsent_bytes_probe(wrapper.send) is not None
+
+
+def test_the_probe_is_none_under_another_server():
+    async def send(message):
+        return None
+
+    assert _compat.unsent_bytes_probe(send) is None

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import threading
+from urllib.parse import quote
 
 import pytest
 from channels.testing import WebsocketCommunicator
@@ -222,6 +223,35 @@ def _loads_or_none(raw: bytes):
         return json.loads(raw)
     except (ValueError, RecursionError):
         return None
+
+
+def _percent(text: str) -> str:
+    """``text`` as a query value: UTF-8, lone surrogates kept as their (invalid) bytes."""
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+query_values = st.one_of(
+    hostile_text.map(_percent),
+    st.binary(max_size=20).map(lambda raw: quote(raw, safe="")),
+    st.sampled_from(["%00", "%ED%A0%80", "a%00b", "%C0%80", "%FF", "%", "%zz"]),
+)
+
+
+def test_query_strings(person):
+    """``?session_id=`` on the list and the page: never a 5xx, whatever the bytes."""
+    _, client = person
+
+    @settings(FUZZ, max_examples=max(1, EXAMPLES // 3))
+    @given(
+        value=query_values, where=st.sampled_from(["/api/inference/tool-approvals", "/approvals/"])
+    )
+    def run(value, where):
+        response = client.get(f"{where}?session_id={value}")
+        assert response.status_code in (200, 400), (value, response.content[:300])
+        if where.startswith("/api/") and response.status_code == 400:
+            assert response.json()["error"] == "invalid_field"
+
+    run()
 
 
 # -- WebSocket ---------------------------------------------------------------------

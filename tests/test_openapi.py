@@ -126,6 +126,7 @@ def _scenarios(alice, bob):
         return me.post(url, "x", content_type="text/plain", CONTENT_LENGTH="99999")
 
     tc, ta, rl, rv = "/tool-confirm", "/tool-approvals", "/rules", "/rules/{id}/revoke"
+    one = "/tool-approvals/{approval_id}"
     return [
         (tc, "post", 200, lambda: decide(alice, "allow")),
         (tc, "post", 200, remembered),
@@ -152,6 +153,10 @@ def _scenarios(alice, bob):
         (rv, "post", 403, lambda: revoke(strict, alice)),
         (rv, "post", 404, lambda: revoke(me, bob)),
         (rv, "post", 405, lambda: me.get(f"{PREFIX}/rules/1/revoke")),
+        (one, "get", 200, lambda: me.get(f"{PREFIX}/tool-approvals/{pending().approval_id}")),
+        (one, "get", 401, lambda: anonymous.get(f"{PREFIX}/tool-approvals/x")),
+        (one, "get", 404, lambda: me.get(f"{PREFIX}/tool-approvals/{pending(bob).approval_id}")),
+        (one, "get", 405, lambda: me.post(f"{PREFIX}/tool-approvals/x")),
         ("/openapi.json", "get", 200, lambda: anonymous.get(PREFIX + "/openapi.json")),
     ]  # fmt: skip
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 
@@ -12,7 +13,7 @@ from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.contrib.sessions.models import Session
 from django.db import connection
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from approvals import gate, hub
 from approvals.models import Approval
@@ -117,6 +118,7 @@ def test_a_socket_that_falls_behind_is_closed_with_a_bounded_queue(users):
     assert max(sizes) <= 5
     assert code == hub.CLOSE_TOO_SLOW
     assert queue.dropped
+    assert queue.empty()  # its events are let go at once, not left for the cyclic collector
 
 
 @override_settings(APPROVALS={"MAX_SOCKETS_PER_USER": 2})
@@ -187,3 +189,133 @@ def test_a_locked_database_does_not_stall_other_sockets(users):
     reply, answered, connected = run(scenario())
     assert reply["error"] == "not_found"
     assert answered < 5 and connected < 10
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="locks the SQLite file")
+@pytest.mark.parametrize("threads", ["pool", "one"])
+def test_a_confirm_waiting_for_the_write_lock_does_not_hold_up_other_users(
+    users, monkeypatch, threads
+):
+    """Alice's allow waits seconds for a write lock held outside; Bob's read-only confirm
+    and a new socket's snapshot answer first. With one thread for every socket's database
+    work (Channels' ``database_sync_to_async``, as before), they queue behind her: the
+    ``"one"`` case shows the scenario does stall a single thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alice, alice_cookie = users["alice"]
+    _, bob_cookie = users["bob"]
+    if threads == "one":
+        monkeypatch.setattr(hub, "_executor", ThreadPoolExecutor(1))
+    done: dict[str, float] = {}
+
+    async def timed(name, coro):
+        result = await coro
+        done[name] = time.monotonic()
+        return result
+
+    async def new_socket():
+        comm = await ws(bob_cookie)
+        return await snapshot_of(comm)
+
+    async def decide(comm, **fields):
+        await comm.send_json_to({"type": "tool_confirm", **fields})
+        return await next_of(comm, "tool_confirm_result", timeout=15)
+
+    async def scenario():
+        aid, _ = await agate(user=alice)
+        a, b = await ws(alice_cookie), await ws(bob_cookie)
+        await snapshot_of(a)
+        await snapshot_of(b)
+        locker = sqlite3.connect(connection.settings_dict["NAME"], timeout=1)
+        locker.isolation_level = None
+        locker.execute("BEGIN IMMEDIATE")
+        asyncio.get_running_loop().call_later(3, locker.execute, "ROLLBACK")
+        try:
+            writer = asyncio.ensure_future(
+                timed("alice", decide(a, approval_id=aid, decision="allow"))
+            )
+            await asyncio.sleep(0.5)  # her decision is waiting for the lock now
+            reader = timed("bob", decide(b, approval_id=gate.new_approval_id(), decision="deny"))
+            results = await asyncio.gather(writer, reader, timed("connect", new_socket()))
+        finally:
+            await asyncio.sleep(0)  # the rollback, if not yet run
+            locker.close()
+        return aid, results
+
+    aid, (mine, theirs, snapshot) = run(scenario())
+    assert mine["resolved"] is True and theirs["error"] == "not_found" and snapshot == []
+    assert Approval.objects.get(approval_id=aid).status == "allowed"
+    if threads == "pool":
+        assert done["bob"] < done["alice"] and done["connect"] < done["alice"], done
+    else:
+        assert done["bob"] > done["alice"] and done["connect"] > done["alice"], done
+
+
+@override_settings(
+    APPROVALS={
+        "MAX_ARGUMENTS_BYTES": 4 * 2**20,
+        "PREVIEW_BYTES": 2**30,
+        "SNAPSHOT_MAX_BYTES": 2**30,
+    }
+)
+def test_no_frame_exceeds_the_servers_limit_whatever_the_settings(users):
+    """Settings that allow 1.2 MB arguments and ask for previews and snapshots of a
+    gigabyte still send frames under daphne's 1 MiB."""
+    alice, cookie = users["alice"]
+
+    async def scenario():
+        await agate(user=alice, arguments={"blob": "x" * 1_200_000})
+        comm = await ws(cookie)
+        snapshot = await comm.receive_from(timeout=5)
+        await agate(user=alice, arguments={"blob": "y" * 1_200_000})
+        start = await comm.receive_from(timeout=5)
+        await comm.disconnect()
+        return snapshot, start
+
+    snapshot, start = run(scenario())
+    assert len(snapshot.encode()) < 2**20 and len(start.encode()) < 2**20
+    [item] = json.loads(snapshot)["pending"]
+    assert item["arguments_truncated"] is True and item["arguments"].startswith('{"blob":"xxx')
+    assert json.loads(start)["arguments_truncated"] is True
+
+
+@override_settings(APPROVALS={"PREVIEW_BYTES": 1000})
+def test_large_arguments_are_previewed_on_the_socket_and_whole_over_http(users):
+    alice, cookie = users["alice"]
+    bob, _ = users["bob"]
+    blob = {"text": "é" * 3000}
+
+    async def scenario():
+        small, _ = await agate(user=alice, arguments={"cmd": "ls"})
+        big, _ = await agate(user=alice, arguments=blob)
+        comm = await ws(cookie)
+        items = {item["approval_id"]: item for item in await snapshot_of(comm)}
+        live, _ = await agate(user=alice, arguments=blob)
+        event = await next_of(comm, "tool_start")
+        await comm.disconnect()
+        return small, big, items, event
+
+    small, big, items, event = run(scenario())
+    assert items[small]["arguments"] == {"cmd": "ls"} and "arguments_truncated" not in items[small]
+    for item in (items[big], event):
+        assert item["arguments_truncated"] is True
+        assert item["arguments"].startswith('{"text":"éé')
+        assert len(item["arguments"].encode()) <= 1000
+    me, other = Client(), Client()
+    me.force_login(alice)
+    other.force_login(bob)
+    whole = me.get(f"/api/inference/tool-approvals/{big}")
+    assert whole.status_code == 200
+    assert whole.json()["arguments"] == blob and whole.json()["status"] == "pending"
+    for client, aid in ((other, big), (me, gate.new_approval_id()), (me, "a\x00b")):
+        answer = client.get(f"/api/inference/tool-approvals/{aid}")
+        assert (answer.status_code, answer.json()["error"]) == (404, "not_found")
+    assert Client().get(f"/api/inference/tool-approvals/{big}").status_code == 401
+
+
+def test_a_huge_arguments_schema_is_refused_by_the_gate():
+    schema = {"description": "d" * 70_000}
+    with pytest.raises(ValueError, match="arguments_schema"):
+        gate.begin_tool_decision(
+            "s", gate.new_approval_id(), editable=True, arguments_schema=schema
+        )

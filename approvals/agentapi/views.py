@@ -162,6 +162,8 @@ def _cancel(key: AgentKey, approval_id: str) -> tuple[int, dict | None, str]:
 async def cancel(request: HttpRequest, key: AgentKey, approval_id: str) -> JsonResponse:
     """Cancel a pending call of the key's user."""
     read_body(request)
+    if not parse.check_approval_id(approval_id):  # no database stores it: no such call
+        return _not_found()
     status, body, current = await run(_cancel, key, approval_id)
     if status == 409:
         return error_response(
@@ -185,6 +187,8 @@ def _executed(key: AgentKey, approval_id: str, ok: bool, summary: str) -> tuple:
 async def executed(request: HttpRequest, key: AgentKey, approval_id: str) -> JsonResponse:
     """Record that an allowed call of the key's user ran (once)."""
     ok, summary = parse.parse_executed(read_body(request))
+    if not parse.check_approval_id(approval_id):
+        return _not_found()
     result, body = await run(_executed, key, approval_id, ok, summary)
     if result == EXECUTED and body is not None:
         return JsonResponse(body)

@@ -2,6 +2,7 @@
 // (re)connect, reconnection with backoff, and plain HTTP while the socket is down.
 
 import { $, addCard, decided, reconcile, rememberName, renderRules, setConn } from "./inbox-view.js";
+import { showMore } from "./inbox-more.js";
 
 const WS_ANSWER_TIMEOUT_MS = 4000;
 const waiting = new Map(); // approval_id -> settle(result) for tool_confirm
@@ -143,6 +144,7 @@ function handleMessage(msg) {
   switch (msg.type) {
     case "snapshot":
       reconcile(Array.isArray(msg.pending) ? msg.pending : []);
+      showMore(Number(msg.more) || 0);
       loadRules();
       break;
     case "tool_start":

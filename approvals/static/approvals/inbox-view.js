@@ -1,5 +1,6 @@
 // Rendering for the inbox: cards, history, rules and the connection badge.
 // Every piece of data goes on the page with textContent, never as HTML.
+import { offerFullArguments } from "./inbox-more.js";
 
 import { prettyArguments, reveal } from "./inbox-edit.js";
 
@@ -86,6 +87,7 @@ export function addCard(item) {
     $(".owner-row", el).hidden = false;
   }
   $('[data-action="edit"]', el).hidden = item.editable !== true;
+  if (item.arguments_truncated) offerFullArguments(el, item);
   const card = { el, item, busy: false };
   cards.set(item.approval_id, card);
   insertInOrder(el, item.created_at);
