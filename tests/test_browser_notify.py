@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,14 @@ def test_the_review_page_edits_an_editable_call_before_allowing_it(server, agent
     assert page.errors == []
 
 
+def _until(page, expression: str, seconds: float = 10) -> None:
+    """Poll ``expression`` with evaluate (the page's CSP forbids wait_for_function's eval)."""
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"never true: {expression}"
+        page.wait_for_timeout(50)
+
+
 INIT = """
 (() => {
   const Real = window.Notification;
@@ -175,7 +184,7 @@ def test_notify_me_raises_a_notification_while_hidden(server, agent, browser, us
     page.evaluate("window.__hidden = true")
     hidden = agent.gate("deploy", {"env": "prod"}, session_id="run-9")
     expect(_card(page, hidden)).to_be_visible()
-    page.wait_for_function("window.__notes.length === 1")
+    _until(page, "window.__notes.length === 1")
     note = page.evaluate("({title: __notes[0].title, body: __notes[0].options.body})")
     assert note["title"] == "deploy is waiting for you"
     assert "run-9" in note["body"]

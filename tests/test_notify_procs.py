@@ -82,7 +82,8 @@ def test_a_delivery_written_while_the_receiver_is_down_arrives_after_a_restart(q
     _wait(lambda: Delivery.objects.get().status == "delivered")
 
 
-def _race(child_env, count: int = 150) -> None:
+def _race(child_env, count: int = 150) -> set[str]:
+    """Two sites send ``count`` deliveries; each arrives once. Returns who sent them."""
     receiver = Receiver()
     receiver.hang = 0.02
     Webhook.objects.create(url=receiver.url, events=["approval.requested"])
@@ -101,12 +102,23 @@ def _race(child_env, count: int = 150) -> None:
         receiver.close()
     ids = [r.headers["x-toolgate-delivery"] for r in receiver.requests]
     assert len(ids) == len(set(ids)) == count
-    owners = {c.rsplit(":", 1)[0] for c in Delivery.objects.values_list("claimed_by", flat=True)}
+    return {c.rsplit(":", 1)[0] for c in Delivery.objects.values_list("claimed_by", flat=True)}
+
+
+def _race_with_both_sites(child_env, count: int = 150) -> None:
+    # A race needs both sites claiming: on a busy machine one site can take every
+    # delivery, so the race is run again (each run checks that nothing came twice).
+    for _ in range(3):
+        owners = _race(child_env, count)
+        if len(owners) == 2:
+            break
+        Delivery.objects.all().delete()
+        Webhook.objects.all().delete()
     assert len(owners) == 2, owners  # both processes sent some
 
 
 def test_two_sites_never_send_the_same_delivery_twice(quiet, child_env):
-    _race(child_env)
+    _race_with_both_sites(child_env)
 
 
 @pytest.mark.postgres
@@ -115,4 +127,4 @@ def test_two_sites_never_send_the_same_delivery_twice_on_postgresql(quiet, child
     from django.db import connection
 
     assert connection.vendor == "postgresql"
-    _race(child_env, count=300)
+    _race_with_both_sites(child_env, count=300)
