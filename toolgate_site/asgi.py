@@ -15,12 +15,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from approvals.agentapi.asgi import AgentWaitApp  # noqa: E402
 from approvals.routing import websocket_urlpatterns  # noqa: E402
 from approvals.security import OriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Long-polls of the agent API without a thread each; the rest is Django's.
+        "http": AgentWaitApp(django_asgi_app),
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/", URLRouter(websocket_urlpatterns))]))
         ),
