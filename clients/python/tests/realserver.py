@@ -19,6 +19,8 @@ approvals_agent_key``.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import contextlib
 import http.client
 import json
@@ -116,6 +118,7 @@ class ToolgateServer:
         self.proxy = FaultProxy(self)
         self.keys: dict[str, str] = {}
         self._sessions: dict[str, str] = {}
+        atexit.register(self.stop)  # daphne has no parent-death signal (see start)
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -197,7 +200,9 @@ class ToolgateServer:
         """Start daphne (again) on its port and wait until it answers."""
         command = [server_python(), "-m", "daphne", "-v", "0", "-b", "127.0.0.1"]
         command += ["-p", str(self.daphne_port), "toolgate_site.asgi:application"]
-        self.daphne = subprocess.Popen(command, cwd=ROOT, env=self.env, preexec_fn=_die_with_parent)
+        # No parent-death signal here: it follows the starting *thread*, and a test may
+        # restart daphne from a worker thread that ends long before daphne should.
+        self.daphne = subprocess.Popen(command, cwd=ROOT, env=self.env, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.daphne.poll() is not None:
@@ -317,7 +322,9 @@ class ToolgateServer:
 class FaultProxy:
     """HTTP/1.1 keep-alive in front of daphne: logs, injects 5xx, drops while it is down.
 
-    ``log`` holds ``(method, path, injected status or 0)`` per request.
+    One event loop on one thread (started before any test counts threads), a
+    fresh upstream connection per request. ``log`` holds ``(method, path,
+    injected status or 0)`` per request.
     """
 
     HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
@@ -331,69 +338,79 @@ class FaultProxy:
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.loop = asyncio.new_event_loop()
 
     def start(self) -> None:
-        self.listener.listen(128)
-        threading.Thread(target=self._accept, daemon=True).start()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+
+            async def serve() -> None:
+                await asyncio.start_server(self._serve, sock=self.listener, backlog=128)
+                ready.set()
+
+            self.loop.run_until_complete(serve())
+            self.loop.run_forever()
+
+        threading.Thread(target=run, daemon=True).start()
+        ready.wait(10)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while self._one(conn, reader):
+            while await self._one(reader, writer):
                 pass
-        except (OSError, ValueError):
+        except (OSError, ValueError, asyncio.IncompleteReadError):
             pass
         finally:
-            with contextlib.suppress(OSError):
-                reader.close()
-                conn.close()
+            writer.close()
 
-    def _one(self, conn: socket.socket, reader: Any) -> bool:
-        line = reader.readline()
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        line = await reader.readline()
         if not line:
             return False
         method, path, _ = line.decode("latin-1").split(" ", 2)
-        headers: list[tuple[str, str]] = []
-        while (raw := reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = raw.decode("latin-1").partition(":")
-            headers.append((name.strip(), value.strip()))
+        headers = await _read_headers(reader)
         length = int(next((v for k, v in headers if k.lower() == "content-length"), "0"))
-        body = reader.read(length) if length else b""
+        body = await reader.readexactly(length) if length else b""
         injected = self._injected(path)
         with self.lock:
             self.log.append((method, path, injected))
         if injected:
             data = json.dumps({"error": "unavailable", "detail": "injected by the test"}).encode()
-            self._write(conn, injected, [("Content-Type", "application/json")], data)
+            await _write(writer, injected, [("Content-Type", "application/json")], data)
             return True
         if self.server.daphne is None:
             return False  # daphne is down: the connection drops
-        upstream = http.client.HTTPConnection("127.0.0.1", self.server.daphne_port, timeout=120)
+        kept = [(k, v) for k, v in headers if k.lower() not in self.HOP]
         try:
-            kept = {k: v for k, v in headers if k.lower() not in self.HOP}
-            upstream.request(method, path, body=body, headers=kept)
-            response = upstream.getresponse()
-            data = response.read()
-            out = [(k, v) for k, v in response.getheaders() if k.lower() not in self.HOP]
-            status = response.status
-        except (OSError, http.client.HTTPException):
+            status, out, data = await self._forward(method, path, kept, body)
+        except (OSError, ValueError, asyncio.IncompleteReadError):
             return False  # daphne went away mid-request: so does this connection
-        finally:
-            upstream.close()
-        self._write(conn, status, out, data)
+        await _write(writer, status, out, data)
         return True
+
+    async def _forward(self, method: str, path: str, headers: list, body: bytes) -> tuple:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.server.daphne_port)
+        try:
+            head = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers)]
+            head += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+            writer.write("\r\n".join(head).encode("latin-1") + body)
+            status = int((await reader.readline()).split()[1])
+            answer = await _read_headers(reader)
+            names = {k.lower(): v for k, v in answer}
+            if "content-length" in names:
+                data = await reader.readexactly(int(names["content-length"]))
+            elif names.get("transfer-encoding", "").lower() == "chunked":
+                data = await _dechunk(reader)
+            else:
+                data = await reader.read()
+            return status, [(k, v) for k, v in answer if k.lower() not in self.HOP], data
+        finally:
+            writer.close()
 
     def _injected(self, path: str) -> int:
         with self.lock:
@@ -403,12 +420,30 @@ class FaultProxy:
                     return status
         return 0
 
-    @staticmethod
-    def _write(conn: socket.socket, status: int, headers: list, data: bytes) -> None:
-        head = [f"HTTP/1.1 {status} {http.client.responses.get(status, 'Status')}"]
-        head += [f"{k}: {v}" for k, v in headers]
-        head += [f"Content-Length: {len(data)}", "", ""]
-        conn.sendall("\r\n".join(head).encode("latin-1") + data)
+
+async def _read_headers(reader: asyncio.StreamReader) -> list[tuple[str, str]]:
+    headers = []
+    while (raw := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers.append((name.strip(), value.strip()))
+    return headers
+
+
+async def _dechunk(reader: asyncio.StreamReader) -> bytes:
+    data = b""
+    while size := int((await reader.readline()).split(b";")[0], 16):
+        data += await reader.readexactly(size)
+        await reader.readline()
+    await _read_headers(reader)  # trailers
+    return data
+
+
+async def _write(writer: asyncio.StreamWriter, status: int, headers: list, data: bytes) -> None:
+    head = [f"HTTP/1.1 {status} {http.client.responses.get(status, 'Status')}"]
+    head += [f"{k}: {v}" for k, v in headers]
+    head += [f"Content-Length: {len(data)}", "", ""]
+    writer.write("\r\n".join(head).encode("latin-1") + data)
+    await writer.drain()
 
 
 def main() -> None:  # pragma: no cover - a manual check: python realserver.py
