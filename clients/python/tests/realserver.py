@@ -2,9 +2,9 @@
 
 The tests run in a virtual environment that need not have Django; the server
 side runs with ``$TOOLGATE_SERVER_PYTHON`` (default: the repository's
-``.venv/bin/python``), on a fresh database migrated for the run (a SQLite file,
-or with ``$TOOLGATE_TEST_DATABASE_URL`` a PostgreSQL database of its own, and
-``$TOOLGATE_TEST_REDIS_URL`` for the channel layer), with ``DJANGO_DEBUG=0`` and
+``.venv/bin/python``), on a fresh database migrated for the run (a SQLite file;
+with ``$DATABASE_URL`` a PostgreSQL database of its own, ``<TOOLGATE_TEST_DB_NAME>_client``
+on that server, and ``$REDIS_URL`` for the channel layer), with ``DJANGO_DEBUG=0`` and
 a secret key of the run's own.
 
 In front of daphne sits a small HTTP proxy of this process: it logs every
@@ -138,15 +138,15 @@ class ToolgateServer:
             PYTHONPATH=os.pathsep.join([str(self.folder), str(ROOT)]),
             TOOLGATE_GROUP_PREFIX=f"client-{secrets.token_hex(4)}",
         )
-        database = os.environ.get("TOOLGATE_TEST_DATABASE_URL")
+        database = os.environ.get("DATABASE_URL")  # as the server's own suite: PostgreSQL
         if database:
             name = os.environ.get("TOOLGATE_TEST_DB_NAME", "test") + "_client"
             env["DATABASE_URL"] = urlunsplit(urlsplit(database)._replace(path="/" + name))
             self._fresh_postgres(database, name, env)
         else:
             env["DATABASE_URL"] = f"sqlite:///{self.folder / 'db.sqlite3'}"
-        if os.environ.get("TOOLGATE_TEST_REDIS_URL"):
-            env["REDIS_URL"] = os.environ["TOOLGATE_TEST_REDIS_URL"]
+        if os.environ.get("REDIS_URL"):
+            env["REDIS_URL"] = os.environ["REDIS_URL"]
         return env
 
     @staticmethod
