@@ -53,7 +53,7 @@ def _match(scope: Scope) -> dict[str, Any] | None:
 
 
 def _headers(response: HttpResponse) -> list[tuple[bytes, bytes]]:
-    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
     # What SecurityMiddleware adds to every answer of the site.
     if settings.SECURE_CONTENT_TYPE_NOSNIFF and "X-Content-Type-Options" not in response:
         headers.append((b"x-content-type-options", b"nosniff"))
