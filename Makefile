@@ -52,9 +52,15 @@ demo: migrate
 	@TOOLGATE_QUIET=1 $(PY) -m toolgate_site.demo --host $(HOST) --port $(PORT)
 
 # pytest's exit code 5 ("no tests collected") is a failure here, not a pass.
+# Then the client distribution's own tests (clients/python), against a real daphne
+# of this site run by $(PY) (TOOLGATE_SERVER_PYTHON).
 test: setup-dev migrate
 	@TOOLGATE_QUIET=1 $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	cd clients/python && TOOLGATE_SERVER_PYTHON=$(abspath $(PY)) TOOLGATE_QUIET=1 \
+	  $(abspath $(PY)) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: the client tests collected nothing" >&2; exit 1; fi; exit $$rc
 
 # The same suite on PostgreSQL and Redis (needs TOOLGATE_TEST_DATABASE_URL and
 # TOOLGATE_TEST_REDIS_URL; .ci/run sets them).

@@ -123,6 +123,28 @@ def main() -> None:
     report("agents", figures, [f"{count} agents, one daphne process, SQLite, no Redis"])
 
 
+def all_waiting(count: int, timeout: float = 120) -> None:
+    """Block until daphne has taken up every agent's long-poll.
+
+    A wait dates the call's ``agent_seen_at`` to the wait's end (60 s ahead), so
+    the CPU window below starts only once the first GETs are all handled.
+    """
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.models import Approval
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ahead = timezone.now() + timedelta(seconds=30)
+        rows = Approval.objects.filter(session_id="bench", agent_seen_at__gt=ahead)
+        if rows.count() >= count:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("not every agent is waiting")
+
+
 async def measure(server, key, count, gate) -> dict:
     pid = server.proc.pid
     # Warm up: one call gated, waited for briefly and cancelled.
@@ -136,7 +158,8 @@ async def measure(server, key, count, gate) -> dict:
     waiting, woke = asyncio.Event(), {}
     runner = asyncio.create_task(run_agents(server.port, key, count, waiting, woke))
     await waiting.wait()
-    await asyncio.sleep(3)  # every wait open
+    await asyncio.to_thread(all_waiting, count)
+    await asyncio.sleep(1)
     rss1, threads1 = rss_of(pid), threads_of(pid)
     c0, t0 = cpu_of(pid), time.monotonic()
     await asyncio.sleep(5)

@@ -17,6 +17,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from approvals.agentapi.asgi import AgentWaitApp  # noqa: E402
 from approvals.listener import get_listener  # noqa: E402
 from approvals.routing import websocket_urlpatterns  # noqa: E402
 from approvals.security import OriginValidator  # noqa: E402
@@ -27,7 +28,9 @@ get_listener()
 
 application = ProtocolTypeRouter(
     {
-        "http": PooledThreads.wrap(django_asgi_app),
+        # Long-polls of the agent API without a thread each; the rest is Django's,
+        # on a few long-lived request threads.
+        "http": AgentWaitApp(PooledThreads.wrap(django_asgi_app)),
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/", URLRouter(websocket_urlpatterns))]))
         ),

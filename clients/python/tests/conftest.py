@@ -4,7 +4,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from standin import StandinServer
+from realserver import ToolgateServer
 from toolgate_client import ToolgateClient
 
 
@@ -14,20 +14,32 @@ def _no_django() -> Iterator[None]:
     assert "django" not in sys.modules, "the client or its tests imported Django"
 
 
-@pytest.fixture
-def standin() -> Iterator[StandinServer]:
-    server = StandinServer()
-    server.start()
+@pytest.fixture(scope="session")
+def _site() -> Iterator[ToolgateServer]:
+    """One real daphne (and database) for the run; every test starts it clean."""
+    site = ToolgateServer()
     try:
-        yield server
+        site.setup()
+        yield site
     finally:
-        server.stop()
+        site.close()
 
 
 @pytest.fixture
-def client(standin: StandinServer) -> Iterator[ToolgateClient]:
+def server(_site: ToolgateServer) -> ToolgateServer:
+    _site.reset()
+    return _site
+
+
+@pytest.fixture
+def client(server: ToolgateServer) -> Iterator[ToolgateClient]:
     # Short waits and backoff keep the tests quick; the logic is the same at 30 s.
     with ToolgateClient(
-        standin.url, "key-alice", wait=1, initial_backoff=0.05, max_backoff=0.2, retry_for=20
+        server.url,
+        server.keys["alice"],
+        wait=1,
+        initial_backoff=0.05,
+        max_backoff=0.2,
+        retry_for=30,
     ) as tg:
         yield tg
