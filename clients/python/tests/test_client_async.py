@@ -104,7 +104,10 @@ async def test_restart_and_5xx_keep_the_same_call(
     assert asker.decision and asker.decision.allowed
     assert asker.decision.approval_id == call.approval_id
     assert len(server.calls) == 1
-    assert [s for m, p, s in server.requests if m == "POST"] == [503, 503, 0]
+    posts = [s for m, p, s in server.requests if m == "POST"]
+    # Two refused, then through. Under load the restart can also catch a POST whose
+    # answer had not arrived yet: it is sent again, and still makes no second call.
+    assert posts[:2] == [503, 503] and posts[2:] and set(posts[2:]) == {0}, posts
     await client.aclose()
 
 
