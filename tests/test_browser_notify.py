@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from tests.test_browser)
-"""The page per call and desktop notifications, in a real Chromium against a real daphne."""
+"""The page per call, desktop notifications and agent-key cards, in a real Chromium against a real daphne."""
 
 from __future__ import annotations
 
@@ -194,4 +194,30 @@ def test_notify_me_raises_a_notification_while_hidden(server, agent, browser, us
     page.evaluate("window.__hidden = false; document.activeElement.blur()")
     page.evaluate("window.__notes[0].note.onclick()")
     expect(_card(page, hidden)).to_be_focused()
+    assert page.errors == []
+
+
+def test_a_call_gated_with_an_agent_key_names_the_key_on_its_card(server, browser, user):
+    import json
+    import urllib.request
+
+    from approvals.agentkeys import create_key
+    from tests.test_browser import _sign_in
+
+    page = _sign_in(browser, server)
+    _key, raw = create_key(user, "ci-bot")
+    body = json.dumps({"session_id": "ci-1", "tool_name": "deploy", "arguments": {"env": "prod"}})
+    request = urllib.request.Request(
+        f"{server.url}/api/inference/approvals",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {raw}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+        aid = json.loads(response.read())["approval_id"]
+    card = _card(page, aid)
+    expect(card).to_be_visible(timeout=15000)
+    expect(card.locator(".agent-row")).to_be_visible()
+    expect(card.locator(".agent")).to_have_text("ci-bot")
     assert page.errors == []

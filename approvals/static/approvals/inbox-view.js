@@ -86,6 +86,11 @@ export function addCard(item) {
     $(".owner", el).textContent = reveal(item.user);
     $(".owner-row", el).hidden = false;
   }
+  if (item.agent) {
+    // Gated over the agent API: the key's name says which agent asked.
+    $(".agent", el).textContent = reveal(item.agent);
+    $(".agent-row", el).hidden = false;
+  }
   $('[data-action="edit"]', el).hidden = item.editable !== true;
   if (item.arguments_truncated) offerFullArguments(el, item);
   const card = { el, item, busy: false };
