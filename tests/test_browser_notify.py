@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (pytest fixtures imported from tests.test_browser)
-"""The page per call, desktop notifications and agent-key cards, in a real Chromium against a real daphne."""
+"""The page per call, notifications and agent-key cards, in a real Chromium and daphne."""
 
 from __future__ import annotations
 
