@@ -8,7 +8,9 @@ mounted under any prefix. Include :mod:`approvals.page_urls` to serve it.
 
 from __future__ import annotations
 
+import json
 import re
+import unicodedata
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +24,7 @@ from django.views.decorators.http import require_safe
 
 from . import payloads
 from .errors import RequestError
-from .models import Approval
+from .models import Approval, Status
 from .wsroute import inbox_websocket_url
 
 #: How many recent decisions the page lists below the pending calls.
@@ -56,10 +58,35 @@ def _session_filter(request: HttpRequest) -> str:
 
 
 def recent_decisions(user: Any, session_id: str = "", limit: int = HISTORY_LENGTH) -> list:
-    """The most recent decided calls ``user`` may see, newest first."""
+    """The most recent decided calls ``user`` may see, newest first.
+
+    An allowed call carries ``approved_text``: the arguments it was allowed with (the
+    person's edit if they made one), as the page shows them.
+    """
     qs = Approval.objects.visible_to(user).decided().in_session(session_id)
     qs = qs.select_related("decided_by")
-    return list(qs.order_by("-decided_at", "-pk")[:limit])
+    calls = list(qs.order_by("-decided_at", "-pk")[:limit])
+    for call in calls:
+        if call.status == Status.ALLOWED:
+            ran = call.edited_arguments if call.edited_arguments is not None else call.arguments
+            call.approved_text = reveal(json.dumps(ran, indent=2, ensure_ascii=False))
+    return calls
+
+
+def reveal(text: str) -> str:
+    """``text`` with each invisible or direction-changing character written ``⟨U+XXXX⟩``.
+
+    As the page's script does: format characters (category Cf), line and paragraph
+    separators, and controls other than newline and tab are shown, not obeyed.
+    """
+    return "".join(
+        f"⟨U+{ord(ch):04X}⟩"
+        if unicodedata.category(ch) == "Cf"
+        or ch in "\u2028\u2029"
+        or (unicodedata.category(ch) == "Cc" and ch not in "\n\t")
+        else ch
+        for ch in text
+    )
 
 
 def uses_django_csp() -> bool:

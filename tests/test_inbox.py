@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from datetime import timedelta
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -175,6 +176,24 @@ def test_history_lists_recent_decisions_of_this_user_only(page, user, django_use
     assert ">Denied</span>" in html
     assert "secret_tool" not in html
     assert "pending_tool" not in html
+
+
+def test_history_shows_the_arguments_a_call_was_allowed_with(page, user):
+    edited = _decided(user, "edited", "delete_paths", status="allowed", by=user)
+    Approval.objects.filter(pk=edited.pk).update(
+        arguments={"paths": ["build", "logs"]}, edited_arguments={"paths": ["build"]}
+    )
+    plain = _decided(user, "plain", "list_files", status="allowed", by=user)
+    Approval.objects.filter(pk=plain.pk).update(arguments={"path": "\u202e.", "n": 1})
+    _decided(user, "refused", "drop_table", status="denied", by=user)
+    html = page.get("/approvals/").content.decode()
+    found = re.findall(r'data-approval-id="(\w+)"(.*?)</li>', html, re.S)
+    entries = {aid: unescape(text) for aid, text in found}
+    assert "entry-edited" in entries["edited"] and '"build"' in entries["edited"]
+    assert "logs" not in entries["edited"]  # what ran, not what was proposed
+    assert "entry-edited" not in entries["plain"] and "⟨U+202E⟩" in entries["plain"]
+    assert "\u202e" not in entries["plain"]
+    assert "entry-args" not in entries["refused"]  # nothing ran
 
 
 def test_history_follows_the_session_filter(page, user):
