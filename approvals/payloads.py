@@ -75,7 +75,9 @@ def check_text(value: str, what: str) -> None:
         ) from None
 
 
-def _string(data: dict, name: str, *, required: bool, limit: int) -> str | None:
+def string_field(data: dict, name: str, *, required: bool, limit: int) -> str | None:
+    """The string field ``name`` of a request body, checked; ``None`` when absent or null
+    and not ``required``. Every problem raises :class:`RequestError` with a code."""
     if name not in data or (not required and data[name] is None):
         if required:
             raise RequestError(MISSING_FIELD, f"The field {name!r} is required.")
@@ -93,13 +95,17 @@ def _string(data: dict, name: str, *, required: bool, limit: int) -> str | None:
 
 def parse_decision(data: dict) -> DecisionRequest:
     """Check a decision request's fields; raise :class:`RequestError` on the first problem."""
-    approval_id = _string(data, "approval_id", required=True, limit=Approval.limit("approval_id"))
-    decision = _string(data, "decision", required=True, limit=16)
+    approval_id = string_field(
+        data, "approval_id", required=True, limit=Approval.limit("approval_id")
+    )
+    decision = string_field(data, "decision", required=True, limit=16)
     if decision not in ANSWER_STATUS:
         raise RequestError(INVALID_DECISION, 'The field "decision" must be "allow" or "deny".')
-    session_id = _string(data, "session_id", required=False, limit=Approval.limit("session_id"))
-    reason = _string(data, "reason", required=False, limit=setting("MAX_REASON_LENGTH")) or ""
-    remember = _string(data, "remember", required=False, limit=16)
+    session_id = string_field(
+        data, "session_id", required=False, limit=Approval.limit("session_id")
+    )
+    reason = string_field(data, "reason", required=False, limit=setting("MAX_REASON_LENGTH")) or ""
+    remember = string_field(data, "remember", required=False, limit=16)
     if remember is not None and remember not in REMEMBER_SCOPES:
         raise RequestError(
             INVALID_FIELD, 'The field "remember" must be "session", "always" or absent.'

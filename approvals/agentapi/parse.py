@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import INVALID_FIELD, MISSING_FIELD, RequestError
 from ..gating import MAX_DESCRIPTION_LENGTH
 from ..models import Approval
-from ..payloads import check_text, parse_json
+from ..payloads import check_text, parse_json, string_field
 
 #: The longest ``wait`` (seconds) a GET may ask for.
 MAX_WAIT = 60.0
@@ -51,19 +51,9 @@ def _check_tree(value: Any, what: str, depth: int = 0) -> None:
 
 
 def _text(data: dict, name: str, limit: int, *, required: bool = False) -> str:
-    value = data.get(name)
-    if value is None:
-        if required:
-            raise RequestError(MISSING_FIELD, f"The field {name!r} is required.")
-        return ""
-    if not isinstance(value, str):
-        raise RequestError(INVALID_FIELD, f"The field {name!r} must be a string.")
-    if required and not value:
-        raise RequestError(INVALID_FIELD, f"The field {name!r} must not be empty.")
-    if len(value) > limit:
-        raise RequestError(INVALID_FIELD, f"The field {name!r} is longer than {limit} characters.")
-    check_text(value, f"The field {name!r}")
-    return value
+    if required and data.get(name) is None:
+        raise RequestError(MISSING_FIELD, f"The field {name!r} is required.")
+    return string_field(data, name, required=required, limit=limit) or ""
 
 
 def _object(data: dict, name: str) -> dict | None:
