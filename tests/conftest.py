@@ -120,9 +120,14 @@ def python() -> str:
 
 
 def requires_postgres():
+    """Skip unless the suite runs on PostgreSQL (``make test-services``; .ci/run does)."""
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
     return pytest.mark.skipif(
-        not os.environ.get("TOOLGATE_TEST_DATABASE_URL"),
-        reason="set TOOLGATE_TEST_DATABASE_URL (PostgreSQL) to run; .ci/run does",
+        not os.environ.get("TOOLGATE_TEST_DATABASE_URL") or "postgresql" not in engine,
+        reason="runs on PostgreSQL: set TOOLGATE_TEST_DATABASE_URL and DATABASE_URL "
+        "(make test-services; .ci/run does)",
     )
 
 
