@@ -9,7 +9,7 @@ what is delivered (the database is the truth, and delivery dedupes).
 * SQLite: ``PRAGMA data_version`` changes for a connection when another
   connection commits, and reading it costs microseconds. One thread per
   process reads it on a dedicated connection every few milliseconds (5 ms just
-  after a change, backing off to 20 ms when quiet, and not at all while the
+  after a change, backing off to 30 ms when quiet, and not at all while the
   process has no waiter and no socket), and kicks the re-check when it moved.
 * PostgreSQL: ``LISTEN`` on one dedicated autocommit connection per process.
   A trigger (migrations 0005, 0006) sends ``NOTIFY`` from the writing
@@ -40,7 +40,7 @@ logger = logging.getLogger("approvals.listener")
 PG_CHANNEL = "toolgate_approvals"
 
 FAST_POLL = 0.005
-SLOW_POLL = 0.020
+SLOW_POLL = 0.030
 IDLE_WAIT = 0.25
 _STAT_EVERY = 1.0
 _BACKOFF_MAX = 5.0
