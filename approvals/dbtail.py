@@ -137,3 +137,19 @@ class DatabaseTail:
         if not new:
             return []
         return decided_among(new)
+
+
+def start_event(approval_id: str) -> dict | None:
+    """``tool_start`` for one row, read by its approval id (``None`` if there is none)."""
+    fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
+    owner = F(f"user__{get_user_model().USERNAME_FIELD}")
+    qs = Approval.objects.filter(approval_id=approval_id).order_by().annotate(owner=owner)
+    rows = list(qs.values(*fields, "owner")[:1])
+    return events.tool_start(rows[0]) if rows else None
+
+
+def decision_event(approval_id: str) -> dict | None:
+    """``tool_decision`` for one decided row, read by its approval id (``None``: not decided)."""
+    qs = Approval.objects.filter(approval_id=approval_id).exclude(status=Status.PENDING).order_by()
+    found = decision_events(qs)
+    return found[0] if found else None

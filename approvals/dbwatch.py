@@ -9,15 +9,18 @@ what is delivered (the database is the truth, and delivery dedupes).
 * SQLite: ``PRAGMA data_version`` changes for a connection when another
   connection commits, and reading it costs microseconds. One thread per
   process reads it on a dedicated connection every few milliseconds (5 ms just
-  after a change, backing off to 20 ms when quiet, and not at all while the
+  after a change, backing off to 30 ms when quiet, and not at all while the
   process has no waiter and no socket), and kicks the re-check when it moved.
 * PostgreSQL: ``LISTEN`` on one dedicated autocommit connection per process.
-  A trigger (migration 0003) sends ``NOTIFY`` from the writing transaction,
-  so it arrives only once that transaction committed. The connection
-  reconnects on its own with backoff, and kicks a re-check after each
-  reconnect, so nothing committed while it was away is lost.
+  A trigger (migrations 0005, 0006) sends ``NOTIFY`` from the writing
+  transaction, so it arrives only once that transaction committed; its
+  payload is ``approval_id:status``, handed to ``on_payload(payload)`` (no
+  re-check pass per notification). The connection reconnects on its own with
+  backoff, and kicks a re-check after each reconnect, so nothing committed
+  while it was away is lost.
 
-It knows nothing of decisions, rules or HTTP: it only calls ``on_change()``.
+It knows nothing of decisions, rules or HTTP: it only calls ``on_change()``
+(and, on PostgreSQL, ``on_payload``).
 """
 
 from __future__ import annotations
@@ -33,11 +36,11 @@ from django.db import connections
 
 logger = logging.getLogger("approvals.listener")
 
-#: The PostgreSQL channel the trigger of migration 0003 notifies on.
+#: The PostgreSQL channel the trigger of migration 0005 notifies on.
 PG_CHANNEL = "toolgate_approvals"
 
 FAST_POLL = 0.005
-SLOW_POLL = 0.020
+SLOW_POLL = 0.030
 IDLE_WAIT = 0.25
 _STAT_EVERY = 1.0
 _BACKOFF_MAX = 5.0
@@ -158,10 +161,21 @@ def _identity(path: str) -> tuple | None:
 
 
 class PostgresWatcher(Watcher):
-    """``LISTEN`` on a dedicated autocommit connection; each notification kicks."""
+    """``LISTEN`` on a dedicated autocommit connection; each payload goes to ``on_payload``
+    (without one, each notification kicks)."""
 
     #: Seconds each wait for notifications lasts before the stop flag is looked at.
     WAIT = 1.0
+
+    def __init__(
+        self,
+        alias: str,
+        on_change: Callable[[], None],
+        active: Callable[[], bool],
+        on_payload: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(alias, on_change, active)
+        self.on_payload = on_payload
 
     def connect(self):
         import psycopg
@@ -180,16 +194,34 @@ class PostgresWatcher(Watcher):
             # Anything committed while no connection listened is read now.
             self._changed()
             while not self._stop.is_set():
-                for _ in conn.notifies(timeout=self.WAIT):
-                    self._changed()  # a kick: several close together make one pass
+                for note in conn.notifies(timeout=self.WAIT):
+                    self._notified(note.payload)
         finally:
             conn.close()
 
+    def _notified(self, payload: str) -> None:
+        if self.on_payload is None:
+            self._changed()  # a kick: several close together make one pass
+            return
+        self.changes += 1
+        try:
+            self.on_payload(payload)
+        except Exception:
+            # The re-check reads what the payload could not deliver.
+            logger.exception("approvals: database notification %r not delivered", payload)
+            self.on_change()
+
 
 def watcher_for(
-    alias: str, on_change: Callable[[], None], active: Callable[[], bool]
+    alias: str,
+    on_change: Callable[[], None],
+    active: Callable[[], bool],
+    on_payload: Callable[[str], None] | None = None,
 ) -> Watcher | None:
-    """A watcher for the database ``alias``, or ``None`` if it has no way to tell."""
+    """A watcher for the database ``alias``, or ``None`` if it has no way to tell.
+
+    ``on_payload`` receives each PostgreSQL notification's payload instead of a kick.
+    """
     conn = connections[alias]
     if conn.vendor == "sqlite":
         name = str(conn.settings_dict.get("NAME") or "")
@@ -201,5 +233,5 @@ def watcher_for(
             import psycopg  # noqa: F401
         except ImportError:  # psycopg2: the re-check alone carries events
             return None
-        return PostgresWatcher(alias, on_change, active)
+        return PostgresWatcher(alias, on_change, active, on_payload)
     return None

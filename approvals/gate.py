@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import threading
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -26,12 +25,13 @@ from .gating import (
     decision_timeout,
     finish,
     gate_call,
+    in_background,
+    limited_sync,
     remaining,
-    with_db_cleanup,
 )
 from .listener import get_listener
 from .models import Approval, Status, Via, answer_for_status, status_for_answer
-from .waiting import INTERRUPTED, Slot, on_set
+from .waiting import INTERRUPTED, Slot, on_set, settle
 
 __all__ = [
     "TOOL_REJECTED_MESSAGE",
@@ -262,7 +262,7 @@ def mark_executed(approval_id: str, ok: bool = True, summary: str = "") -> bool:
 
 async def abegin_tool_decision(session_id: str, approval_id: str, **details: Any) -> Slot:
     """Async :func:`begin_tool_decision`."""
-    return await sync_to_async(begin_tool_decision)(session_id, approval_id, **details)
+    return await limited_sync(begin_tool_decision, session_id, approval_id, **details)
 
 
 async def await_tool_decision(
@@ -277,20 +277,20 @@ async def await_tool_decision(
         fut = slot.future()
         loop = asyncio.get_running_loop()
         remove_hook = on_set(cancel_event, lambda: loop.call_soon_threadsafe(slot.interrupt))
+        # One future and one timer per waiter (``None``: timed out); wait_for and
+        # shield would add two futures and their callbacks to each of 10,000 waiters.
+        timer = loop.call_later(remaining(slot, timeout), settle, fut, None)
         try:
-            limit = remaining(slot, timeout)
-            try:
-                outcome = await asyncio.wait_for(asyncio.shield(fut), limit)
-            except TimeoutError:
-                outcome = None
+            outcome = await fut
         except asyncio.CancelledError:
             await _record_cancel_despite_cancellation(slot, approval_id)
             raise
         finally:
+            timer.cancel()
             remove_hook()
         if outcome is not None and outcome != INTERRUPTED:
             return answer_for_status(outcome)  # decided: nothing left to record
-        return answer_for_status(await sync_to_async(finish)(slot, approval_id, outcome))
+        return answer_for_status(await limited_sync(finish, slot, approval_id, outcome))
     finally:
         get_listener().unregister(slot)
 
@@ -298,20 +298,13 @@ async def await_tool_decision(
 async def _record_cancel_despite_cancellation(slot: Slot, approval_id: str) -> None:
     if slot.status is not None:
         return
-    done = threading.Event()
-
-    def record() -> None:
-        try:
-            decide(approval_id, Status.CANCELLED, via=Via.CANCEL)
-        finally:
-            done.set()
-
-    # A plain thread: it finishes even if this task is cancelled again or the loop stops.
-    threading.Thread(target=with_db_cleanup(record), daemon=True).start()
+    # On a small pool of its own: it finishes even if this task is cancelled again
+    # or the loop stops, and 10,000 cancellations queue rather than start threads.
+    done = in_background(lambda: decide(approval_id, Status.CANCELLED, via=Via.CANCEL))
     try:
-        await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, done.wait, 10))
-    except asyncio.CancelledError:
-        pass
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), 10)
+    except (asyncio.CancelledError, TimeoutError):
+        pass  # it goes on in the pool
 
 
 async def arequest_tool_decision(
@@ -323,6 +316,7 @@ async def arequest_tool_decision(
 ) -> str:
     """Async :func:`request_tool_decision`."""
     slot = await abegin_tool_decision(session_id, approval_id, timeout=timeout, **details)
+    del details  # written to the row: nothing of the arguments is held while waiting
     return await await_tool_decision(slot, approval_id, cancel_event)
 
 

@@ -7,10 +7,17 @@ commits, so a decision arriving at any moment after is never lost.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
@@ -21,6 +28,8 @@ from .decisions import decide
 from .listener import Listener
 from .models import Approval, Status, Via, status_for_answer
 from .waiting import INTERRUPTED, Slot
+
+logger = logging.getLogger("approvals")
 
 
 def gate_call(
@@ -192,5 +201,58 @@ def with_db_cleanup(fn):
             fn()
         finally:
             connections.close_all()
+
+    return run
+
+
+#: Database calls of async waiters (begin, finish) in flight at once per event
+#: loop; the others wait their turn on a semaphore, which costs a few hundred
+#: bytes, rather than as queued thread hops (a context copy, futures and a work
+#: item each: ~4 KiB, so 10,000 at once used to add ~40 MiB at the peak).
+SYNC_CALLS_IN_FLIGHT = 16
+_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def limited_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``await sync_to_async(fn)(*args, **kwargs)``, at most ``SYNC_CALLS_IN_FLIGHT`` at once.
+
+    Still ``sync_to_async`` with its thread-sensitive default, so the call runs
+    where it always did (a test case's thread and transaction included).
+    """
+    loop = asyncio.get_running_loop()
+    semaphore = _semaphores.get(loop)
+    if semaphore is None:
+        semaphore = _semaphores[loop] = asyncio.Semaphore(SYNC_CALLS_IN_FLIGHT)
+    async with semaphore:
+        return await sync_to_async(fn)(*args, **kwargs)
+
+
+_recorder: ThreadPoolExecutor | None = None
+_recorder_lock = threading.Lock()
+
+
+def in_background(fn: Callable[[], None]) -> Future:
+    """Run ``fn`` on a small pool of threads that outlives the caller's event loop.
+
+    For work that must finish even when the task that asked for it is cancelled
+    again or its loop stops (recording ``cancelled``): the pool's threads are
+    joined at interpreter exit, and 10,000 requests queue rather than start
+    10,000 threads.
+    """
+    global _recorder
+    with _recorder_lock:
+        if _recorder is None:
+            _recorder = ThreadPoolExecutor(4, thread_name_prefix="toolgate-record")
+        return _recorder.submit(with_db_cleanup(_logged(fn)))
+
+
+def _logged(fn: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except Exception:
+            logger.exception("approvals: recording in the background failed")
 
     return run

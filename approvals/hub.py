@@ -21,7 +21,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connections
+from django.db import close_old_connections
 from django.utils import timezone
 
 from . import events
@@ -303,10 +303,14 @@ _executor: ThreadPoolExecutor | None = None
 
 
 def _closing(fn: Callable, *args: Any) -> Any:
+    # As Django does around each request: a connection that failed or outlived
+    # CONN_MAX_AGE is closed, a healthy one is kept for this pool thread's next
+    # call (a new PostgreSQL connection per frame cost more than the decision).
+    close_old_connections()
     try:
         return fn(*args)
     finally:
-        connections.close_all()  # this thread's connections: none held between calls
+        close_old_connections()
 
 
 async def db_call(fn: Callable, *args: Any) -> Any:
@@ -314,8 +318,8 @@ async def db_call(fn: Callable, *args: Any) -> Any:
 
     Channels' ``database_sync_to_async`` runs every consumer's database work of
     a process on one thread, so one locked or slow query holds up every other
-    socket; here each call gets a thread of a bounded pool and closes its
-    connections afterwards.
+    socket; here each call gets a thread of a bounded pool, whose connection is
+    checked before and after as Django checks a request's (``CONN_MAX_AGE``).
     """
     global _executor
     if _executor is None:

@@ -28,16 +28,20 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import close_old_connections, connection
 
+from . import pgnotify
 from .channellink import LayerLink, own_layer_instance
 from .conf import setting
 from .dbtail import DatabaseTail, decided_among
 from .dbwatch import Watcher, watcher_for
 from .leases import Lease, new_key
+from .listenhooks import _handlers, _periodic, _starters
+from .listenhooks import every as every  # re-exported: the hooks' public home
+from .listenhooks import on_message as on_message
+from .listenhooks import on_start as on_start
 from .models import FINAL_STATUSES
 from .waiting import Slot
 
@@ -46,47 +50,6 @@ logger = logging.getLogger("approvals.listener")
 Subscriber = Callable[[dict], None]
 _SEEN_MAX = 50_000
 _FULL_CHECK_SECONDS = 30.0
-
-
-# -- hooks ------------------------------------------------------------------
-
-
-@dataclass
-class _Periodic:
-    interval: Callable[[], float | None]
-    task: Callable[[], Any]
-
-
-_handlers: dict[str, Callable[[dict], None]] = {}
-_periodic: dict[str, _Periodic] = {}
-_starters: dict[str, Callable[[Listener], Any]] = {}
-
-
-def on_message(kind: str, handler: Callable[[dict], None]) -> None:
-    """Call ``handler(event)`` for events of type ``kind`` that come from other processes.
-
-    Such events are not delivered to waiters or sockets. Registering a kind
-    again replaces its handler.
-    """
-    _handlers[kind] = handler
-
-
-def every(name: str, interval: Callable[[], float | None], task: Callable[[], Any]) -> None:
-    """Run ``task()`` in the re-check thread every ``interval()`` seconds (``None``: never).
-
-    The process's lease is renewed first, so a periodic task never judges this
-    process dead. Registering a name again replaces it.
-    """
-    _periodic[name] = _Periodic(interval, task)
-
-
-def on_start(name: str, start: Callable[[Listener], Any]) -> None:
-    """Call ``start(listener)`` when a listener starts, for work that runs beside it.
-
-    What it returns, if it has a ``stop(timeout)`` method, is stopped with the
-    listener. Registering a name again replaces it.
-    """
-    _starters[name] = start
 
 
 class Listener:
@@ -121,7 +84,9 @@ class Listener:
         self._last_run = {name: time.monotonic() for name in _periodic}
         if self._link is None:
             # Without a cross-process layer the database says when to look.
-            self._watcher = watcher_for(connection.alias, self.kick, self._is_active)
+            self._watcher = watcher_for(
+                connection.alias, self.kick, self._is_active, lambda p: pgnotify.handle(self, p)
+            )
             if self._watcher is not None:
                 self._watcher.start()
         t = threading.Thread(target=self._run_recheck, name="toolgate-recheck", daemon=True)
@@ -233,6 +198,24 @@ class Listener:
             except Exception:  # one broken socket must not starve the others
                 logger.exception("approvals subscriber failed")
         return True
+
+    def settle(self, aid: str, status: str) -> str:
+        """A notification says call ``aid`` is now ``status``: wake a local waiter at once.
+
+        Returns what the sockets here still need read from the row: ``"start"``,
+        ``"decision"``, ``"unknown"`` (no status given) or ``""`` (nothing).
+        """
+        with self._lock:
+            slot = self._slots.get(aid)
+            if status in FINAL_STATUSES:
+                if slot is not None:
+                    slot.set(status)
+                    if not self._subscribers and self._seen.get(aid) not in FINAL_STATUSES:
+                        self._remember(aid, status)  # the tail need not read it again
+                return "decision" if self._subscribers else ""
+            if status:
+                return "start" if self._subscribers else ""
+            return "unknown" if self._subscribers or slot is not None else ""
 
     def _remember(self, aid: str, status: str) -> None:
         self._seen[aid] = status

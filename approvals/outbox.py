@@ -120,21 +120,24 @@ def remind(limit: int = 200) -> int:
     fraction = setting("EXPIRING_AFTER")
     if fraction is None or not (0 < float(fraction) < 1):
         return 0
+    if not setting("EMAIL_NOTIFICATIONS") and not _anyone_wants("approval.expiring"):
+        return 0  # nobody to remind: no read of the pending calls every pass
     now = timezone.now()
     candidates = Approval.objects.filter(
         status=Status.PENDING, expires_at__gt=now, reminder__isnull=True
     ).order_by("expires_at")[: limit * 4]
     fired = 0
-    for approval in candidates:
-        due = approval.created_at + (approval.expires_at - approval.created_at) * float(fraction)
-        if due > now:
+    # Three columns per candidate; the full row only for a reminder that is due.
+    for pk, created_at, expires_at in candidates.values_list("pk", "created_at", "expires_at"):
+        if created_at + (expires_at - created_at) * float(fraction) > now:
             continue
         try:
             with transaction.atomic():
+                approval = Approval.objects.get(pk=pk)
                 Reminder.objects.create(approval=approval)
                 write("approval.expiring", approval, email=True)
             fired += 1
-        except IntegrityError:  # another process fired it first
+        except (IntegrityError, Approval.DoesNotExist):  # fired elsewhere first, or gone
             continue
         if fired >= limit:
             break

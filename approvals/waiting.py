@@ -65,7 +65,7 @@ class Slot:
             event.set()
         for loop, fut in list(self._futures):
             try:
-                loop.call_soon_threadsafe(_settle, fut, value)
+                loop.call_soon_threadsafe(settle, fut, value)
             except RuntimeError:  # that loop has closed
                 pass
 
@@ -87,7 +87,7 @@ class Slot:
         self._futures.append((loop, fut))
         result = self._result()
         if result is not None:
-            _settle(fut, result)
+            settle(fut, result)
         return fut
 
     def _result(self) -> str | None:
@@ -99,7 +99,8 @@ class Slot:
 _EVENT_LOCK = threading.Lock()
 
 
-def _settle(fut: asyncio.Future, value: str) -> None:
+def settle(fut: asyncio.Future, value: str | None) -> None:
+    """Resolve ``fut`` with ``value`` unless it is done (cancelled, or settled first)."""
     if not fut.done():
         fut.set_result(value)
 

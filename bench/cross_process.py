@@ -62,6 +62,8 @@ def _admin_sql(url: str, sql: str) -> None:
 
 # -- the scenario ------------------------------------------------------------------
 
+FAN_OUT = {"MAX_SOCKETS_PER_USER": 5000}
+
 
 class Site:
     """Two servers, one agent, one signed-in person, on a throwaway database."""
@@ -100,9 +102,10 @@ class Site:
         self.user_id = user.pk
         self.sessionid = client.cookies["sessionid"].value
         env = {**os.environ, "DATABASE_URL": self.db_url}
-        self.a = start_daphne(env)
+        # One person holds the fan-out's 1,000 sockets: lift the per-user cap (20).
+        self.a = start_daphne(env, approvals=FAN_OUT)
         self.processes.append(self.a)
-        self.b = start_daphne(env)
+        self.b = start_daphne(env, approvals=FAN_OUT)
         self.processes.append(self.b)
         wait_ready(self.a)
         wait_ready(self.b)
@@ -244,7 +247,8 @@ def fan_out(site: Site, clients: int, rounds: int) -> tuple[list[float], float]:
                 sock = await connect(
                     site.b.ws_url, additional_headers=headers, proxy=None, open_timeout=60
                 )
-                assert json.loads(await sock.recv())["type"] == "snapshot"
+                first = json.loads(await sock.recv())
+                assert first["type"] == "snapshot", first
                 return sock
 
         t0 = time.monotonic()

@@ -7,6 +7,9 @@ first (async waiters, one event loop), then 50 client threads, each on its own
 keep-alive connection with a signed-in session and CSRF token, POST
 ``/api/inference/tool-confirm`` as fast as the server answers.
 
+With ``TOOLGATE_TEST_DATABASE_URL`` (or ``--postgres URL``) the same run
+follows on a throwaway PostgreSQL database, no Redis.
+
 Reported: decisions per second (all answered 200), the HTTP round trip
 p50/p99, and the wake latency p50/p99: POST sent -> the agent's waiter returns
 in this process. Without Redis a decision made in daphne reaches another
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import queue
+import subprocess
 import sys
 import threading
 import time
@@ -195,16 +200,84 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
     }
 
 
+def mode_figures(label: str, where: str, r: dict) -> dict:
+    """The figures of one mode (``where`` names it in the labels)."""
+    ratio = r["rate"] / r["ping_rate"]
+    figures = {
+        f"{label}_decisions_per_s": figure(r["rate"], "/s", f"decisions/s ({where})"),
+        f"{label}_trivial_per_s": figure(
+            r["ping_rate"], "/s", f"trivial JSON GETs/s, same server ({where})"
+        ),
+        f"{label}_decision_ratio": figure(
+            ratio * 100,
+            "%",
+            f"decisions/s as a share of trivial GETs/s ({where})",
+            ">= 70 %",
+            ratio >= 0.7,
+        ),
+        f"{label}_rtt_p50_ms": figure(
+            percentile(r["rtt"], 50) * MS, "ms", f"HTTP round trip p50 ({where})"
+        ),
+        f"{label}_rtt_p99_ms": figure(
+            percentile(r["rtt"], 99) * MS, "ms", f"HTTP round trip p99 ({where})"
+        ),
+        f"{label}_wake_p50_ms": figure(
+            percentile(r["wake"], 50) * MS, "ms", f"wake p50, POST -> agent ({where})"
+        ),
+        f"{label}_wake_p99_ms": figure(
+            percentile(r["wake"], 99) * MS, "ms", f"wake p99, POST -> agent ({where})"
+        ),
+        f"{label}_lost": figure(r["lost"], "", f"decisions lost ({where})", "= 0"),
+        f"{label}_server_cpu_ms": figure(
+            r["server_cpu_ms"], "ms", f"daphne CPU per decision ({where})"
+        ),
+        f"{label}_server_rss_growth_mib": figure(
+            r["rss_growth"], "MiB", f"daphne RSS growth over the run ({where})"
+        ),
+    }
+    figures[f"{label}_lost"]["met"] = r["lost"] == 0
+    return figures
+
+
+def postgresql_part(base_url: str, calls: int, clients: int) -> None:
+    """The PostgreSQL mode, in a process of its own (Django is set up once per process):
+    a throwaway database, no Redis; prints its figures as one JSON line."""
+    import secrets
+
+    from cross_process import _admin_sql, _with_database
+
+    name = f"toolgate_bench_http_{secrets.token_hex(4)}"
+    _admin_sql(base_url, f'CREATE DATABASE "{name}"')
+    try:
+        setup_django(_with_database(base_url, name))
+        r = run_mode("postgresql", None, calls, clients)
+        print(json.dumps(mode_figures("postgresql", "PostgreSQL, no Redis", r)))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        _admin_sql(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--calls", type=int, default=None, help="decisions (default 3000)")
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL"), help="add a Redis run")
+    parser.add_argument(
+        "--postgres",
+        default=_postgres_url(),
+        help="add a PostgreSQL run on a throwaway database (default TOOLGATE_TEST_DATABASE_URL)",
+    )
+    parser.add_argument("--part", choices=["postgresql"], help=argparse.SUPPRESS)
     opts = parser.parse_args()
     calls = opts.calls or (600 if opts.quick else 3000)
     os.environ.pop("REDIS_URL", None)  # this process: the embedded default first
     os.environ.setdefault("TOOLGATE_GROUP_PREFIX", f"bench{os.getpid()}")
+    if opts.part:
+        postgresql_part(opts.postgres, calls, opts.clients)
+        return
     database_url = setup_django()
     try:
         figures: dict = {}
@@ -214,50 +287,29 @@ def main() -> None:
                 _switch_to_redis(redis_url)
             r = run_mode(label, redis_url, calls, opts.clients)
             where = "SQLite, no Redis" if not redis_url else "SQLite + Redis"
-            figures.update(
-                {
-                    f"{label}_decisions_per_s": figure(r["rate"], "/s", f"decisions/s ({where})"),
-                    f"{label}_trivial_per_s": figure(
-                        r["ping_rate"], "/s", f"trivial JSON GETs/s, same server ({where})"
-                    ),
-                    f"{label}_decision_ratio": figure(
-                        r["rate"] / r["ping_rate"] * 100,
-                        "%",
-                        f"decisions/s as a share of trivial GETs/s ({where})",
-                        ">= 70 %",
-                        r["rate"] / r["ping_rate"] >= 0.7,
-                    ),
-                    f"{label}_rtt_p50_ms": figure(
-                        percentile(r["rtt"], 50) * MS, "ms", f"HTTP round trip p50 ({where})"
-                    ),
-                    f"{label}_rtt_p99_ms": figure(
-                        percentile(r["rtt"], 99) * MS, "ms", f"HTTP round trip p99 ({where})"
-                    ),
-                    f"{label}_wake_p50_ms": figure(
-                        percentile(r["wake"], 50) * MS, "ms", f"wake p50, POST -> agent ({where})"
-                    ),
-                    f"{label}_wake_p99_ms": figure(
-                        percentile(r["wake"], 99) * MS, "ms", f"wake p99, POST -> agent ({where})"
-                    ),
-                    f"{label}_lost": figure(r["lost"], "", f"decisions lost ({where})", "= 0"),
-                    f"{label}_server_cpu_ms": figure(
-                        r["server_cpu_ms"], "ms", f"daphne CPU per decision ({where})"
-                    ),
-                    f"{label}_server_rss_growth_mib": figure(
-                        r["rss_growth"], "MiB", f"daphne RSS growth over the run ({where})"
-                    ),
-                }
-            )
-            figures[f"{label}_lost"]["met"] = r["lost"] == 0
+            figures.update(mode_figures(label, where, r))
         notes = [
             f"{calls} calls gated in this process, then decided by {opts.clients} concurrent "
             "keep-alive HTTP clients against one daphne process",
         ]
+        if opts.postgres:
+            cmd = [sys.executable, __file__, "--part", "postgresql", "--calls", str(calls)]
+            cmd += ["--clients", str(opts.clients), "--postgres", opts.postgres]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            figures.update(json.loads(out.strip().splitlines()[-1]))
+        else:
+            notes.append("PostgreSQL skipped: set TOOLGATE_TEST_DATABASE_URL or --postgres")
         if not opts.redis:
             notes.append("no Redis given (--redis or REDIS_URL): only the embedded run")
+        notes.append(f"load average {os.getloadavg()[0]:.1f} at the end")
         report("http load", figures, notes)
     finally:
         remove_sqlite(database_url)
+
+
+def _postgres_url() -> str | None:
+    url = os.environ.get("TOOLGATE_TEST_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
+    return url if url.startswith(("postgres://", "postgresql://")) else None
 
 
 def _switch_to_redis(url: str) -> None:

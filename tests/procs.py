@@ -301,9 +301,10 @@ def _agent_main() -> None:
 
     def wait(slot: Any, aid: str) -> None:
         answer = gate.wait_tool_decision(slot, aid)
+        woke = time.monotonic()  # ``t``: the wake, before the read below (a new connection)
         # What the agent would run: the person's edit if any, else the proposal.
         ran = gate.get_decision(aid).arguments if answer == "allow" else None
-        emit(event="answer", approval_id=aid, answer=answer, arguments=ran, t=time.monotonic())
+        emit(event="answer", approval_id=aid, answer=answer, arguments=ran, t=woke)
 
     listener = get_listener()
     link = listener.link

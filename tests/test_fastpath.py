@@ -138,3 +138,33 @@ def test_a_restarted_postgresql_listener_loses_nothing(server, person):
         sock.close()
     finally:
         agent.stop()
+
+
+def test_postgresql_notifications_carry_the_status_and_alone_wake_the_agent(server, person):
+    """Notifications no longer kick a re-check pass: with the re-check a minute apart,
+    the agent wakes from the payload itself."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only (set TOOLGATE_TEST_DATABASE_URL)")
+    import psycopg
+
+    from approvals.dbwatch import PG_CHANNEL
+    from approvals.gate import resolve_tool_decision
+
+    (_, env), (user, _) = server, person
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
+        params.pop(key, None)
+    agent = start_agent(env, approvals=SLOW_RECHECK)
+    try:
+        with psycopg.connect(**params, autocommit=True) as listening:
+            listening.execute(f"LISTEN {PG_CHANNEL}")
+            deadline = time.monotonic() + 10
+            while len(_listening_backends()) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the agent's listener is up: its one catch-up read is done
+            aid = agent.gate("s1", user_id=user.pk)
+            assert resolve_tool_decision(aid, "deny")
+            assert agent.answer(aid, timeout=10)["answer"] == "deny"
+            payloads = [n.payload for n in listening.notifies(timeout=1, stop_after=2)]
+        assert payloads == [f"{aid}:pending", f"{aid}:denied"]
+    finally:
+        agent.stop()

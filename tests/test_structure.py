@@ -30,6 +30,8 @@ TRANSPORT = {
     "approvals.dbtail",
     "approvals.leases",
     "approvals.dbwatch",
+    "approvals.pgnotify",
+    "approvals.listenhooks",
 }
 ABOVE_TRANSPORT = {
     "approvals.decisions",
