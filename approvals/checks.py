@@ -40,8 +40,9 @@ def check_channel_layer(app_configs: Any = None, **kwargs: Any) -> list:
                 f"No channel layer {alias!r} is configured in CHANNEL_LAYERS.",
                 hint=(
                     "Without one, decisions and live updates cross processes only through "
-                    "the database re-check (about RECHECK_INTERVAL late). Configure "
-                    "channels_redis.core.RedisChannelLayer for more than one process."
+                    "the database (SQLite's change counter or PostgreSQL's notifications, "
+                    "else the re-check every RECHECK_INTERVAL). Configure "
+                    "channels_redis.core.RedisChannelLayer for several server hosts."
                 ),
                 id=W004,
             )
@@ -53,7 +54,8 @@ def check_channel_layer(app_configs: Any = None, **kwargs: Any) -> list:
                 hint=(
                     "InMemoryChannelLayer never crosses a process boundary: with several "
                     "server processes, or agents in their own processes, decisions arrive "
-                    "only through the database re-check. Use channels_redis in production."
+                    "only through the database (SQLite's change counter, PostgreSQL's "
+                    "notifications, else the re-check). Use channels_redis in production."
                 ),
                 id=W001,
             )

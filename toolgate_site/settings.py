@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import dj_database_url
+import django
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -211,8 +212,21 @@ APPROVALS = {
     "SITE_URL": os.environ.get("TOOLGATE_SITE_URL") or None,
     "EMAIL_NOTIFICATIONS": _env_flag("TOOLGATE_EMAIL_NOTIFICATIONS", default=False),
 }
-if os.environ.get("DJANGO_EMAIL_BACKEND"):
-    EMAIL_BACKEND = os.environ["DJANGO_EMAIL_BACKEND"]
+# Email (for EMAIL_NOTIFICATIONS): SMTP on localhost unless DJANGO_EMAIL_BACKEND says
+# otherwise (DJANGO_EMAIL_FILE_PATH for the file backend). Django 6.1 configures mail
+# with MAILERS; older versions with the EMAIL_* settings.
+_MAIL_BACKEND = os.environ.get(
+    "DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend"
+)
+if django.VERSION >= (6, 1):
+    _MAIL_OPTIONS = {}
+    if _MAIL_BACKEND.endswith("filebased.EmailBackend"):
+        _MAIL_OPTIONS["file_path"] = os.environ.get("DJANGO_EMAIL_FILE_PATH", "")
+    elif _MAIL_BACKEND.endswith("smtp.EmailBackend"):
+        _MAIL_OPTIONS["host"] = "localhost"
+    MAILERS = {"default": {"BACKEND": _MAIL_BACKEND, "OPTIONS": _MAIL_OPTIONS}}
+elif os.environ.get("DJANGO_EMAIL_BACKEND"):
+    EMAIL_BACKEND = _MAIL_BACKEND
     EMAIL_FILE_PATH = os.environ.get("DJANGO_EMAIL_FILE_PATH", "")
 
 LOGGING = {
