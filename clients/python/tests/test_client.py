@@ -157,7 +157,9 @@ def test_server_restart_mid_wait(client: ToolgateClient, server: ToolgateServer)
     server.decide(call.approval_id, "allow")
     decision = future.result(10)
     assert decision.allowed and decision.approval_id == call.approval_id
-    assert server.count("POST", "/approvals") == 1 and len(server.calls) == 1
+    # One call, whatever was sent again: the restart can catch the first POST before
+    # its answer arrived, and the retry carries the same approval_id.
+    assert len(server.calls) == 1
     assert server.count("GET") > gets_before
 
 
