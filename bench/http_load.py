@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -178,9 +180,13 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
         time.sleep(1.0)
         sessionid = web.cookies["sessionid"].value
         trivial(server, sessionid, 200, clients)  # warm up
-        ping_rate = trivial(server, sessionid, calls, clients)
+        cpu_t = cpu_of(server.proc.pid)
+        with _profiled(server.proc.pid, f"{label}-trivial"):
+            ping_rate = trivial(server, sessionid, calls, clients)
+        trivial_cpu = cpu_of(server.proc.pid) - cpu_t
         rss0, cpu0 = rss_of(server.proc.pid), cpu_of(server.proc.pid)
-        sent, rtts, seconds = drive(server, sessionid, aids, clients)
+        with _profiled(server.proc.pid, f"{label}-decisions"):
+            sent, rtts, seconds = drive(server, sessionid, aids, clients)
         server_cpu = cpu_of(server.proc.pid) - cpu0
         deadline = time.monotonic() + 10
         while len(agent.woke) < len(aids) and time.monotonic() < deadline:
@@ -197,6 +203,7 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
         "lost": len(aids) - len(wakes) + sum(agent.woke[a][1] != "allow" for a in agent.woke),
         "rss_growth": rss1 - rss0,
         "server_cpu_ms": server_cpu / len(aids) * MS,
+        "trivial_cpu_ms": trivial_cpu / calls * MS,
     }
 
 
@@ -230,6 +237,9 @@ def mode_figures(label: str, where: str, r: dict) -> dict:
         f"{label}_lost": figure(r["lost"], "", f"decisions lost ({where})", "= 0"),
         f"{label}_server_cpu_ms": figure(
             r["server_cpu_ms"], "ms", f"daphne CPU per decision ({where})"
+        ),
+        f"{label}_trivial_cpu_ms": figure(
+            r["trivial_cpu_ms"], "ms", f"daphne CPU per trivial GET ({where})"
         ),
         f"{label}_server_rss_growth_mib": figure(
             r["rss_growth"], "MiB", f"daphne RSS growth over the run ({where})"
@@ -305,6 +315,25 @@ def main() -> None:
         report("http load", figures, notes)
     finally:
         remove_sqlite(database_url)
+
+
+@contextlib.contextmanager
+def _profiled(pid: int, name: str):
+    """With ``TOOLGATE_BENCH_PROFILE=DIR``, py-spy records daphne meanwhile (raw stacks,
+    ``DIR/<name>.txt``): where a decision's time goes, next to a trivial request's."""
+    out_dir = os.environ.get("TOOLGATE_BENCH_PROFILE")
+    if not out_dir:
+        yield
+        return
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    cmd = ["py-spy", "record", "--gil", "-p", str(pid), "-r", "250", "-f", "raw", "-o"]
+    spy = subprocess.Popen([*cmd, f"{out_dir}/{name}.txt"], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
 
 
 def _postgres_url() -> str | None:
