@@ -85,29 +85,58 @@ def decide(
         raise ValueError("edited arguments go only with an allow")
     if not isinstance(approval_id, str) or not approval_id:
         return NOT_FOUND
+    reason = reason or ""
+    now = timezone.now()
+    change = _Change(status, via, getattr(by, "pk", by), reason, now, remember)
+    if edited_arguments is None and _owner_key(viewer) is not None and _can_return_rows():
+        # The common case, a person answering their own agent's call, is one
+        # statement: the update says whether it won and returns the row.
+        with atomic_then([]) as after:
+            row = _update_own(approval_id, _owner_key(viewer), session_id, change)
+            if row is not None:
+                _won(after, row, change, by, None)
+        if row is not None:
+            return Outcome(True, status, "", approval_id)
     row = _visible_row(approval_id, session_id, viewer)
     if row is None:
         return NOT_FOUND
     if row["status"] != Status.PENDING:
         return Outcome(False, row["status"], ALREADY_DECIDED, approval_id)
     edit = _checked_edit(row, edited_arguments) if edited_arguments is not None else None
-
-    now = timezone.now()
-    by_id = getattr(by, "pk", by)
-    before_deadline = status in (Status.ALLOWED, Status.DENIED, Status.ABANDONED)
     with atomic_then([]) as after:
-        changed = _conditional_update(
-            row["pk"], status, via, by_id, reason or "", now, before_deadline, edit
-        )
-        if changed and remember and status in (Status.ALLOWED, Status.DENIED):
-            rules.remember(row, status, remember, by, reason or "")
+        changed = _conditional_update(row["pk"], change, edit)
         if changed:
-            hooks.decided(row["pk"], status)
-            event = events.tool_decision(row, status, via, by, reason or "", edit)
-            after.append(lambda: announce.call_decided(row["pk"], event))
+            _won(after, row, change, by, edit)
     if changed:
         return Outcome(True, status, "", approval_id)
     return _explain_loss(row, now)
+
+
+@dataclass(frozen=True)
+class _Change:
+    """What a decision writes: the new status, who and how, when."""
+
+    status: str
+    via: str
+    by_id: Any
+    reason: str
+    now: Any
+    remember: str | None
+
+    @property
+    def before_deadline(self) -> bool:
+        """A person's answer (and abandonment) only wins before ``expires_at``."""
+        return self.status in (Status.ALLOWED, Status.DENIED, Status.ABANDONED)
+
+
+def _won(after: list, row: dict, change: _Change, by: Any, edit: dict | None) -> None:
+    """Inside the winning transaction: the remembered rule, the hooks, the event after commit."""
+    status = change.status
+    if change.remember and status in (Status.ALLOWED, Status.DENIED):
+        rules.remember(row, status, change.remember, by, change.reason)
+    hooks.decided(row["pk"], status)
+    event = events.tool_decision(row, status, change.via, by, change.reason, edit)
+    after.append(lambda: announce.call_decided(row["pk"], event))
 
 
 def _checked_edit(row: dict, edited: Any) -> dict | None:
@@ -123,37 +152,97 @@ def _checked_edit(row: dict, edited: Any) -> dict | None:
     return None if edited == proposal else edited
 
 
-def _conditional_update(pk, status, via, by_id, reason, now, before_deadline, edit=None) -> int:
-    """``UPDATE … WHERE status = 'pending' [AND expires_at > now]``; the rows changed.
+def _conditional_update(pk: Any, change: _Change, edit: dict | None = None) -> int:
+    """``UPDATE … WHERE pk = … AND status = 'pending' [AND expires_at > now]``; rows changed.
 
     Written as one prepared statement rather than through the queryset API: it
     is the hot path of every decision, and the ORM's query building costs more
     than the statement itself.
     """
-    ops = connection.ops
-    meta = Approval._meta
-    col = {f.name: ops.quote_name(f.column) for f in meta.concrete_fields}
-    sql = (
-        f"UPDATE {ops.quote_name(meta.db_table)} SET {col['status']} = %s, "
-        f"{col['decided_via']} = %s, {col['decided_by']} = %s, {col['reason']} = %s, "
-        f"{col['decided_at']} = %s "
-        f"WHERE {ops.quote_name(meta.pk.column)} = %s AND {col['status']} = %s"
-    )
-    when = ops.adapt_datetimefield_value(now)
-    # The user's key goes through its field, so UUID and other key types are stored
-    # the way this backend stores them.
-    by_value = meta.get_field("decided_by").get_db_prep_save(by_id, connection)
-    params = [status, via, by_value, reason, when]
-    if edit is not None:
-        sql = sql.replace(" WHERE ", f", {col['edited_arguments']} = %s WHERE ", 1)
-        params.append(meta.get_field("edited_arguments").get_db_prep_save(edit, connection))
-    params += [pk, Status.PENDING]
-    if before_deadline:
-        sql += f" AND {col['expires_at']} > %s"
-        params.append(when)
+    sql, params = _update_sql(change, edit, [("pk", pk)])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+#: What the one-statement path returns: the fixed fields a decision needs (knownrows').
+_RETURNED = ("pk", "approval_id", "session_id", "user", "tool_name", "tool_call_id", "editable")
+
+
+def _update_own(
+    approval_id: str, owner: Any, session_id: str | None, change: _Change
+) -> dict | None:
+    """``UPDATE … WHERE approval_id = … AND user = owner AND status = 'pending' …
+    RETURNING …``: the row when this caller won, else ``None`` (and nothing changed)."""
+    where: list[tuple[str, Any]] = [("approval_id", approval_id), ("user", owner)]
+    if session_id is not None:
+        where.append(("session_id", session_id))
+    sql, params = _update_sql(change, None, where)
+    meta = Approval._meta
+    fields = [meta.pk if name == "pk" else meta.get_field(name) for name in _RETURNED]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {columns}", params)
+        rows = cursor.fetchall()
+    if len(rows) != 1:
+        return None
+    keys = ["user_id" if name == "user" else name for name in _RETURNED]
+    row = {k: _converted(f, v) for k, f, v in zip(keys, fields, rows[0], strict=True)}
+    return {**row, "status": Status.PENDING, "arguments_schema": None}
+
+
+def _update_sql(change: _Change, edit: dict | None, where: list[tuple[str, Any]]):
+    """The conditional update's SQL and parameters, matching the ``where`` fields."""
+    ops = connection.ops
+    meta = Approval._meta
+    col = {f.name: ops.quote_name(f.column) for f in meta.concrete_fields}
+    col["pk"] = ops.quote_name(meta.pk.column)
+    when = ops.adapt_datetimefield_value(change.now)
+    # Keys go through their fields, so UUID and other key types are stored and
+    # compared the way this backend stores them.
+    sets = ["status", "decided_via", "decided_by", "reason", "decided_at"]
+    by_value = meta.get_field("decided_by").get_db_prep_save(change.by_id, connection)
+    params = [change.status, change.via, by_value, change.reason, when]
+    if edit is not None:
+        sets.append("edited_arguments")
+        params.append(meta.get_field("edited_arguments").get_db_prep_save(edit, connection))
+    conditions = []
+    for name, value in where:
+        field = meta.pk if name == "pk" else meta.get_field(name)
+        conditions.append(f"{col[name]} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    conditions.append(f"{col['status']} = %s")
+    params.append(Status.PENDING)
+    if change.before_deadline:
+        conditions.append(f"{col['expires_at']} > %s")
+        params.append(when)
+    assignments = ", ".join(f"{col[name]} = %s" for name in sets)
+    table = ops.quote_name(meta.db_table)
+    return f"UPDATE {table} SET {assignments} WHERE {' AND '.join(conditions)}", params
+
+
+def _owner_key(viewer: Any) -> Any:
+    """The viewer's key when the one-statement path may decide for them, else ``None``."""
+    return getattr(viewer, "pk", None) if viewer is not None else None
+
+
+def _can_return_rows() -> bool:
+    """``UPDATE … RETURNING``: PostgreSQL, SQLite 3.35 and later."""
+    if connection.vendor == "postgresql":
+        return True
+    if connection.vendor == "sqlite":
+        return connection.Database.sqlite_version_info >= (3, 35, 0)
+    return False
+
+
+def _converted(field: Any, value: Any) -> Any:
+    """A returned column as the ORM would have read it (booleans and UUIDs on SQLite)."""
+    expression = field.get_col(Approval._meta.db_table)
+    converters = connection.ops.get_db_converters(expression)
+    converters += expression.get_db_converters(connection)
+    for convert in converters:
+        value = convert(value, expression, connection)
+    return value
 
 
 def _visible_row(approval_id: str, session_id: str | None, viewer: Any) -> dict | None:

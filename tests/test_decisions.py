@@ -42,3 +42,112 @@ def test_the_sweep_command_starts_no_listener():
     assert "expired 1" in out.getvalue()
     assert listener.current() is None
     assert Approval.objects.get(approval_id="sweep-alone").status == Status.EXPIRED
+
+
+# -- a person answering their own agent's call: one statement --------------------------------
+
+
+@pytest.fixture
+def owner(django_user_model):
+    return django_user_model.objects.create_user("owner-one-statement")
+
+
+def _approval_queries(fn) -> list[str]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        outcome = fn()
+    table = Approval._meta.db_table
+    return outcome, [q["sql"] for q in ctx.captured_queries if table in q["sql"]]
+
+
+def test_own_call_is_decided_by_one_update_that_returns_the_row(owner):
+    from django.db import connection
+
+    sqlite_old = connection.vendor == "sqlite" and connection.Database.sqlite_version_info < (3, 35)
+    if connection.vendor not in ("sqlite", "postgresql") or sqlite_old:
+        pytest.skip("this database has no UPDATE … RETURNING; the read-then-update path runs")
+    _row("own-one", user=owner, session_id="s-own", editable=True)
+    seen: list[dict] = []
+    from approvals import listener as listener_module
+
+    real_dispatch = listener_module.dispatch
+    listener_module.dispatch = seen.append
+    try:
+        outcome, queries = _approval_queries(
+            lambda: decide(
+                "own-one", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner, remember="always"
+            )
+        )
+    finally:
+        listener_module.dispatch = real_dispatch
+    assert outcome.won and outcome.status == Status.ALLOWED
+    # No read of the row before the write: the update itself says who won.
+    assert [q.split()[0] for q in queries] == ["UPDATE"]
+    assert "RETURNING" in queries[0]
+    row = Approval.objects.get(approval_id="own-one")
+    assert (row.status, row.decided_via, row.decided_by_id) == ("allowed", "web", owner.pk)
+    # What the statement returned fed the rule and the event as a read would have.
+    from approvals.models import Rule
+
+    rule = Rule.objects.get(user=owner)
+    assert (rule.tool_name, rule.decision, rule.session_id) == ("t", "allow", "")
+    [event] = [e for e in seen if e["type"] == "tool_decision"]
+    assert (event["approval_id"], event["session_id"], event["_user_id"]) == (
+        "own-one",
+        "s-own",
+        owner.pk,
+    )
+
+
+def test_one_statement_path_keeps_every_check(owner, django_user_model):
+    other = django_user_model.objects.create_user("someone-else")
+    now = timezone.now()
+    _row("own-session", user=owner, session_id="s-a")
+    _row("own-late", user=owner, expires_at=now - timedelta(seconds=1))
+    _row("not-theirs", user=other)
+    _row("own-decided", user=owner, status=Status.DENIED)
+
+    # Another session named: not found, and nothing changed.
+    wrong = decide(
+        "own-session", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner, session_id="s-b"
+    )
+    assert (wrong.won, wrong.error) == (False, "not_found")
+    # Past its deadline: the call is expired, the answer loses.
+    late = decide("own-late", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner)
+    assert (late.won, late.status, late.error) == (False, Status.EXPIRED, "already_decided")
+    # Someone else's call, for a person without the permission: not found.
+    theirs = decide("not-theirs", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner)
+    assert (theirs.won, theirs.error) == (False, "not_found")
+    # Decided already: says so, and keeps the first answer.
+    again = decide("own-decided", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner)
+    assert (again.won, again.status, again.error) == (False, Status.DENIED, "already_decided")
+    statuses = dict(Approval.objects.values_list("approval_id", "status"))
+    assert statuses == {
+        "own-session": "pending",
+        "own-late": "expired",
+        "not-theirs": "pending",
+        "own-decided": "denied",
+    }
+    # The right session wins.
+    right = decide(
+        "own-session", Status.DENIED, via=Via.WEB, by=owner, viewer=owner, session_id="s-a"
+    )
+    assert right.won and Approval.objects.get(approval_id="own-session").status == "denied"
+
+
+def test_a_rule_that_cannot_apply_rolls_the_one_statement_decision_back(owner):
+    from approvals.errors import RequestError
+
+    _row("own-nosession", user=owner, session_id="")
+    with pytest.raises(RequestError):
+        decide(
+            "own-nosession",
+            Status.ALLOWED,
+            via=Via.WEB,
+            by=owner,
+            viewer=owner,
+            remember="session",
+        )
+    assert Approval.objects.get(approval_id="own-nosession").status == Status.PENDING
