@@ -237,12 +237,20 @@ def _can_return_rows() -> bool:
 
 def _converted(field: Any, value: Any) -> Any:
     """A returned column as the ORM would have read it (booleans and UUIDs on SQLite)."""
-    expression = field.get_col(Approval._meta.db_table)
-    converters = connection.ops.get_db_converters(expression)
-    converters += expression.get_db_converters(connection)
+    key = (connection.alias, field.name)
+    found = _converters.get(key)
+    if found is None:
+        expression = field.get_col(Approval._meta.db_table)
+        converters = connection.ops.get_db_converters(expression)
+        converters += expression.get_db_converters(connection)
+        found = _converters[key] = (expression, converters)
+    expression, converters = found
     for convert in converters:
         value = convert(value, expression, connection)
     return value
+
+
+_converters: dict[tuple[str, str], tuple[Any, list]] = {}
 
 
 def _visible_row(approval_id: str, session_id: str | None, viewer: Any) -> dict | None:
