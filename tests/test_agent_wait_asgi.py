@@ -149,3 +149,21 @@ def test_a_disconnect_ends_the_wait(key):
     from approvals.agentapi import waits
 
     assert waits.waiting_here() == 0
+
+
+def test_a_host_outside_allowed_hosts_goes_to_django(key, settings):
+    """A waiting GET naming a host ALLOWED_HOSTS refuses is Django's to answer (its 400)."""
+    user, raw = key
+    aid = _gated(user)
+    settings.ALLOWED_HOSTS = ["approvals.example.com"]
+    inner = Inner()
+    app = AgentWaitApp(inner)
+    asyncio.run(request(app, scope(f"{API}/{aid}", "wait=1", raw)))  # Host: 127.0.0.1
+    assert inner.paths == [f"{API}/{aid}"]
+    allowed = scope(f"{API}/{aid}", "wait=1", raw)
+    allowed["headers"] = [
+        (k, b"approvals.example.com" if k == b"host" else v) for k, v in allowed["headers"]
+    ]
+    status, _, body = asyncio.run(request(app, allowed))
+    assert (status, body["status"]) == (200, "pending")  # answered here after the 1 s wait
+    assert inner.paths == [f"{API}/{aid}"]

@@ -12,8 +12,10 @@ whose path Django's resolver maps to the agent ``detail`` view, it calls that
 same view itself: the key check, the reads and the wait are the view's own, its
 database work runs in the event loop's bounded default executor
 (:func:`.auth.run`), and the wait is the listener slot's future. No middleware,
-no ``request_started``, no thread. Every other request goes to Django unchanged,
-and without the wrapper the plain view answers the same (holding a thread).
+no ``request_started``, no thread; the Host is checked against
+``ALLOWED_HOSTS`` first, as Django's request cycle would. Every other request
+goes to Django unchanged, and without the wrapper the plain view answers the
+same (holding a thread).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import io
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse
 from django.urls import Resolver404, resolve
@@ -63,6 +66,16 @@ def _headers(response: HttpResponse) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+def _request_for_allowed_host(scope: Scope) -> ASGIRequest | None:
+    """The request, or ``None`` when its Host is not one ``ALLOWED_HOSTS`` accepts."""
+    request = ASGIRequest(scope, io.BytesIO())
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return None
+    return request
+
+
 async def _until_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -76,10 +89,13 @@ class AgentWaitApp:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         kwargs = _match(scope)
-        if kwargs is None:
+        request = None if kwargs is None else _request_for_allowed_host(scope)
+        if request is None:
+            # Not a waiting GET, or a Host not in ALLOWED_HOSTS: Django answers
+            # (the latter with the 400 it gives any request naming such a host).
             await self.app(scope, receive, send)
             return
-        response = await self._answer(scope, receive, kwargs)
+        response = await self._answer(request, receive, kwargs)
         if response is None:
             return  # the agent went away: nobody to answer
         await send(
@@ -91,8 +107,7 @@ class AgentWaitApp:
         )
         await send({"type": "http.response.body", "body": response.content})
 
-    async def _answer(self, scope: Scope, receive: Any, kwargs: dict) -> HttpResponse | None:
-        request = ASGIRequest(scope, io.BytesIO())
+    async def _answer(self, request: Any, receive: Any, kwargs: dict) -> HttpResponse | None:
         view = asyncio.ensure_future(views.detail(request, **kwargs))
         gone = asyncio.ensure_future(_until_disconnect(receive))
         try:
