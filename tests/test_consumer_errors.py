@@ -23,7 +23,7 @@ def test_database_down_during_tool_confirm_is_an_error_reply(users):  # noqa: F8
         comm = await ws(cookie)
         await snapshot_of(comm)
         broken = mock.patch(
-            "approvals.decisions._conditional_update",
+            "approvals.decisions._update_sql",
             side_effect=OperationalError("database is locked"),
         )
         with broken:

@@ -115,7 +115,7 @@ def _scenarios(alice, bob):
     def database_down():
         a = pending()
         failing = mock.patch(
-            "approvals.decisions._conditional_update",
+            "approvals.decisions._update_sql",
             side_effect=OperationalError("database is locked"),
         )
         with failing:
