@@ -88,7 +88,7 @@ def decide(
     reason = reason or ""
     now = timezone.now()
     change = _Change(status, via, getattr(by, "pk", by), reason, now, remember)
-    if edited_arguments is None and _owner_key(viewer) is not None and _can_return_rows():
+    if edited_arguments is None and _owner_key(viewer) is not None and _one_statement():
         # The common case, a person answering their own agent's call, is one
         # statement: the update says whether it won and returns the row.
         with atomic_then([]) as after:
@@ -165,10 +165,6 @@ def _conditional_update(pk: Any, change: _Change, edit: dict | None = None) -> i
         return cursor.rowcount
 
 
-#: What the one-statement path returns: the fixed fields a decision needs (knownrows').
-_RETURNED = ("pk", "approval_id", "session_id", "user", "tool_name", "tool_call_id", "editable")
-
-
 def _update_own(
     approval_id: str, owner: Any, session_id: str | None, change: _Change
 ) -> dict | None:
@@ -178,17 +174,16 @@ def _update_own(
     if session_id is not None:
         where.append(("session_id", session_id))
     sql, params = _update_sql(change, None, where)
-    meta = Approval._meta
-    fields = [meta.pk if name == "pk" else meta.get_field(name) for name in _RETURNED]
+    fields = knownrows.columns()
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {columns}", params)
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None
-    keys = ["user_id" if name == "user" else name for name in _RETURNED]
-    row = {k: _converted(f, v) for k, f, v in zip(keys, fields, rows[0], strict=True)}
-    return {**row, "status": Status.PENDING, "arguments_schema": None}
+    values = map(knownrows.converted, fields, rows[0])
+    row = dict(zip((*knownrows.FIELDS, "status"), values, strict=True))
+    return {**row, "status": Status.PENDING}  # what it was: the update saw it pending
 
 
 def _update_sql(change: _Change, edit: dict | None, where: list[tuple[str, Any]]):
@@ -226,31 +221,16 @@ def _owner_key(viewer: Any) -> Any:
     return getattr(viewer, "pk", None) if viewer is not None else None
 
 
-def _can_return_rows() -> bool:
-    """``UPDATE … RETURNING``: PostgreSQL, SQLite 3.35 and later."""
-    if connection.vendor == "postgresql":
-        return True
-    if connection.vendor == "sqlite":
-        return connection.Database.sqlite_version_info >= (3, 35, 0)
-    return False
+def _one_statement() -> bool:
+    """Whether a person's own call is decided by one ``UPDATE … RETURNING``.
 
-
-def _converted(field: Any, value: Any) -> Any:
-    """A returned column as the ORM would have read it (booleans and UUIDs on SQLite)."""
-    key = (connection.alias, field.name)
-    found = _converters.get(key)
-    if found is None:
-        expression = field.get_col(Approval._meta.db_table)
-        converters = connection.ops.get_db_converters(expression)
-        converters += expression.get_db_converters(connection)
-        found = _converters[key] = (expression, converters)
-    expression, converters = found
-    for convert in converters:
-        value = convert(value, expression, connection)
-    return value
-
-
-_converters: dict[tuple[str, str], tuple[Any, list]] = {}
+    On PostgreSQL, yes: an update that matches no row locks nothing. Not on
+    SQLite, although it has ``RETURNING`` (3.35+): any update there takes the
+    database's one write lock, so an unknown id or another user's call would
+    wait behind every writer, where a read answers at once; it reads first,
+    with a prepared statement (:func:`knownrows.stored`).
+    """
+    return connection.vendor == "postgresql"
 
 
 def _visible_row(approval_id: str, session_id: str | None, viewer: Any) -> dict | None:
