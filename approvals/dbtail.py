@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import F
 from django.utils import timezone
 
-from . import events
+from . import events, rowread
 from .models import Approval, Status
 
 _HOLE_SECONDS = 30.0
@@ -37,21 +37,10 @@ def decided_among(approval_ids: list[str]) -> list[dict]:
     return events
 
 
-_DECISION_FIELDS = (
-    "approval_id",
-    "session_id",
-    "user_id",
-    "status",
-    "decided_via",
-    "reason",
-    "edited_arguments",
-)
-
-
 def decision_events(qs) -> list[dict]:
     """``tool_decision`` events for decided rows, with who decided, in one query."""
     name = F(f"decided_by__{get_user_model().USERNAME_FIELD}")
-    rows = qs.annotate(decided_by_name=name).values(*_DECISION_FIELDS, "decided_by_name")
+    rows = qs.annotate(decided_by_name=name).values(*rowread.DECISION_FIELDS, "decided_by_name")
     return [
         events.tool_decision(
             row,
@@ -141,15 +130,20 @@ class DatabaseTail:
 
 def start_event(approval_id: str) -> dict | None:
     """``tool_start`` for one row, read by its approval id (``None`` if there is none)."""
-    fields = ["pk", "user_id", "status", *events.PENDING_FIELDS]
-    owner = F(f"user__{get_user_model().USERNAME_FIELD}")
-    qs = Approval.objects.filter(approval_id=approval_id).order_by().annotate(owner=owner)
-    rows = list(qs.values(*fields, "owner")[:1])
-    return events.tool_start(rows[0]) if rows else None
+    row = rowread.STARTS.read(approval_id)
+    return events.tool_start(row) if row is not None else None
 
 
 def decision_event(approval_id: str) -> dict | None:
     """``tool_decision`` for one decided row, read by its approval id (``None``: not decided)."""
-    qs = Approval.objects.filter(approval_id=approval_id).exclude(status=Status.PENDING).order_by()
-    found = decision_events(qs)
-    return found[0] if found else None
+    row = rowread.DECISIONS.read(approval_id)
+    if row is None:
+        return None
+    return events.tool_decision(
+        row,
+        row["status"],
+        row["decided_via"],
+        row["decided_by_name"],
+        row["reason"],
+        row["edited_arguments"],
+    )

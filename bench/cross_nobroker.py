@@ -6,7 +6,8 @@ measures SQLite (a temp file); measures PostgreSQL too when
 throwaway database. No channel layer: ``REDIS_URL`` is unset for every process,
 and the re-check is a minute apart, so only the watcher carries events.
 
-Figures: gate in the agent -> ``tool_start`` on a socket of server B; a
+Figures: gate in the agent -> ``tool_start`` on a socket of server B (read by
+a client process of its own, ``bench/_receiver.py``); a
 ``tool_confirm`` frame on server A -> the agent process wakes; POST on A ->
 the agent wakes. Then the idle CPU of a server holding sockets and of an agent
 process holding waiters, over 10 s with nothing happening (goal < 1 % of a core).

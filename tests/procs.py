@@ -289,6 +289,8 @@ def _agent_main() -> None:
     import django
 
     django.setup()
+    from django.db import connection
+
     from approvals import gate
     from approvals.listener import get_listener
 
@@ -304,6 +306,10 @@ def _agent_main() -> None:
         woke = time.monotonic()  # ``t``: the wake, before the read below (a new connection)
         # What the agent would run: the person's edit if any, else the proposal.
         ran = gate.get_decision(aid).arguments if answer == "allow" else None
+        # This thread's connection, closed by the thread that opened it. Left to
+        # the garbage collector, finalizing it paused whatever this process ran
+        # at that moment (the next gate: pauses of 2-10 ms, measured here).
+        connection.close()
         emit(event="answer", approval_id=aid, answer=answer, arguments=ran, t=woke)
 
     listener = get_listener()

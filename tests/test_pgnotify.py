@@ -4,6 +4,7 @@ query, local sockets get the row read once, and nothing is delivered twice."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from approvals import pgnotify
@@ -70,3 +71,19 @@ def test_a_payload_without_a_status_reads_the_row():
     slot = listener.register(Slot("old"))
     pgnotify.handle(listener, "old")
     assert slot.status == "allowed"
+
+
+def test_reads_keep_their_connection(django_assert_num_queries):
+    """The watcher thread's reads reuse one connection: no reconnect, no extra round trip."""
+    _row("k1")
+    _row("k2")
+    listener = Listener()
+    got: list[dict] = []
+    listener.subscribe(got.append)
+    pgnotify.handle(listener, "k1:pending")
+    kept = connection.connection
+    assert kept is not None  # left open after the read
+    with django_assert_num_queries(1):
+        pgnotify.handle(listener, "k2:pending")
+    assert connection.connection is kept
+    assert [e["approval_id"] for e in got] == ["k1", "k2"]

@@ -31,6 +31,7 @@ TRANSPORT = {
     "approvals.leases",
     "approvals.dbwatch",
     "approvals.pgnotify",
+    "approvals.rowread",
     "approvals.listenhooks",
 }
 ABOVE_TRANSPORT = {
