@@ -174,15 +174,13 @@ def _update_own(
     if session_id is not None:
         where.append(("session_id", session_id))
     sql, params = _update_sql(change, None, where)
-    fields = knownrows.columns()
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    returning = knownrows.STORED.returning(connection.alias)
     with connection.cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {columns}", params)
+        cursor.execute(f"{sql} RETURNING {returning}", params)
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None
-    values = map(knownrows.converted, fields, rows[0])
-    row = dict(zip((*knownrows.FIELDS, "status"), values, strict=True))
+    row = knownrows.STORED.row(rows[0], connection.alias)
     return {**row, "status": Status.PENDING}  # what it was: the update saw it pending
 
 

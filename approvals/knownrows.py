@@ -13,6 +13,7 @@ from typing import Any
 from django.db import connection
 
 from .models import Approval, Status
+from .rowread import RowReader
 
 FIELDS = (
     "pk",
@@ -50,43 +51,12 @@ def row_for(approval_id: str) -> dict[str, Any] | None:
 def stored(approval_id: str) -> dict[str, Any] | None:
     """The call's fixed fields and status as the database has them (one query).
 
-    A prepared statement rather than a queryset: every decision on a call gated
-    in another process reads this, and building the query would cost more than
-    running it. Values go through the converters the ORM would apply.
+    A statement composed once (:mod:`approvals.rowread`) rather than a queryset:
+    every decision on a call gated in another process reads this, and building
+    the query would cost more than running it.
     """
-    fields = columns()
-    names = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    table = connection.ops.quote_name(Approval._meta.db_table)
-    key = connection.ops.quote_name(Approval._meta.get_field("approval_id").column)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {names} FROM {table} WHERE {key} = %s", [approval_id])
-        found = cursor.fetchone()
-    if found is None:
-        return None
-    return dict(zip((*FIELDS, "status"), map(converted, fields, found), strict=True))
+    return STORED.read(approval_id, connection.alias)
 
 
-def columns() -> list:
-    """The model fields behind :data:`FIELDS` and ``status``, in that order."""
-    meta = Approval._meta
-    by_name = {"pk": meta.pk, "user_id": meta.get_field("user")}
-    return [by_name.get(name) or meta.get_field(name) for name in (*FIELDS, "status")]
-
-
-def converted(field: Any, value: Any) -> Any:
-    """A column read by a prepared statement as the ORM would have read it (booleans
-    and JSON on SQLite, UUIDs, …)."""
-    key = (connection.alias, field.name)
-    found = _converters.get(key)
-    if found is None:
-        expression = field.get_col(Approval._meta.db_table)
-        converters = connection.ops.get_db_converters(expression)
-        converters += expression.get_db_converters(connection)
-        found = _converters[key] = (expression, converters)
-    expression, converters = found
-    for convert in converters:
-        value = convert(value, expression, connection)
-    return value
-
-
-_converters: dict[tuple[str, str], tuple[Any, list]] = {}
+#: The fixed fields and the status, read by approval id.
+STORED = RowReader((*FIELDS, "status"), {}, decided=False)

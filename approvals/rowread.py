@@ -62,8 +62,22 @@ class RowReader:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             found = cursor.fetchone()
-        if found is None:
-            return None
+        return None if found is None else self._converted(found, columns, connection)
+
+    def returning(self, using: str) -> str:
+        """This reader's columns for an ``UPDATE … RETURNING`` on the approvals table
+        (a reader without ``names`` or ``__`` fields); :meth:`row` reads what it returns."""
+        _, columns = self._statement(using)
+        quote = connections[using].ops.quote_name
+        return ", ".join(quote(expression.target.column) for _, expression, _ in columns)
+
+    def row(self, found: tuple, using: str) -> dict:
+        """The dict :meth:`read` gives, from a row of these columns selected elsewhere."""
+        _, columns = self._statement(using)
+        return self._converted(found, columns, connections[using])
+
+    @staticmethod
+    def _converted(found: tuple, columns: list, connection: Any) -> dict:
         row = {}
         for (key, expression, converters), value in zip(columns, found, strict=True):
             for convert in converters:
