@@ -8,9 +8,18 @@ what is delivered (the database is the truth, and delivery dedupes).
 
 * SQLite: ``PRAGMA data_version`` changes for a connection when another
   connection commits, and reading it costs microseconds. One thread per
-  process reads it on a dedicated connection every few milliseconds (5 ms just
-  after a change, backing off to 30 ms when quiet, and not at all while the
-  process has no waiter and no socket), and kicks the re-check when it moved.
+  process reads it on a dedicated connection and kicks the re-check when it
+  moved. On Linux the thread sleeps on inotify (:mod:`approvals.inotify`) for
+  the database's directory until ``<db>``, ``<db>-wal`` or ``<db>-journal`` is
+  written, created, removed or renamed, or ``FALLBACK`` seconds pass. A WAL
+  commit writes the ``-wal`` file (an event) and then the wal-index in the
+  mmapped ``-shm`` (no event), so ``data_version`` may move just after the
+  event: after an event the thread reads it at once, again 1 ms later, backing
+  off to 30 ms, and goes on until ``BURST`` seconds passed with no event and no
+  change; then it sleeps on the events again. Where inotify is missing (macOS,
+  the limits reached) it reads every 5 ms just after a change, backing off to
+  30 ms when quiet. Either way it does not look at all while the process has
+  no waiter and no socket.
 * PostgreSQL: ``LISTEN`` on one dedicated autocommit connection per process.
   A trigger (migrations 0005, 0006) sends ``NOTIFY`` from the writing
   transaction, so it arrives only once that transaction committed; its
@@ -34,6 +43,8 @@ from collections.abc import Callable
 
 from django.db import connections
 
+from . import inotify
+
 logger = logging.getLogger("approvals.listener")
 
 #: The PostgreSQL channel the trigger of migration 0005 notifies on.
@@ -41,6 +52,22 @@ PG_CHANNEL = "toolgate_approvals"
 
 FAST_POLL = 0.005
 SLOW_POLL = 0.030
+#: With inotify: the first look again after an event that ``data_version`` did
+#: not show yet (the wal-index is written right after the -wal, unless the
+#: commit syncs between them), backing off from there.
+EVENT_POLL = 0.001
+#: With inotify: seconds of fast polling after the last event or change. A WAL
+#: commit writes the ``-wal`` file (the event), syncs it when ``synchronous``
+#: is FULL (a slow disk takes tens of milliseconds, more under load), and only
+#: then updates the wal-index in the ``-shm``, which raises no event. About 30
+#: reads per burst; while commits keep coming the bursts join up into the
+#: polling used without inotify.
+BURST = 0.5
+#: With inotify: the longest sleep on the file events. Only a missed event
+#: (a file system whose writes inotify does not see, such as NFS from another
+#: host) waits this long, and a wake-up a second costs next to nothing; the
+#: listener's re-check (``RECHECK_INTERVAL``, 1 s) is the safety net anyway.
+FALLBACK = 1.0
 IDLE_WAIT = 0.25
 _STAT_EVERY = 1.0
 _BACKOFF_MAX = 5.0
@@ -106,17 +133,45 @@ class Watcher:
 
 
 class SqliteWatcher(Watcher):
-    """Reads ``PRAGMA data_version`` on a connection of its own."""
+    """Reads ``PRAGMA data_version`` on a connection of its own, when inotify says
+    the files changed (``mode == "inotify"``) or every few milliseconds (``"poll"``)."""
+
+    def __init__(
+        self, alias: str, on_change: Callable[[], None], active: Callable[[], bool]
+    ) -> None:
+        super().__init__(alias, on_change, active)
+        #: ``"inotify"`` or ``"poll"``, once the database is open.
+        self.mode = ""
+        #: File events that concerned the database (inotify only).
+        self.events = 0
+        #: Set while the thread sleeps on the file events.
+        self.parked = threading.Event()
+        self._files: inotify.DirWatch | None = None
 
     def _path(self) -> str:
         return str(connections[self.alias].settings_dict["NAME"])
 
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        files = self._files
+        if files is not None:
+            files.interrupt()
+        super().stop(timeout)
+
     def run(self) -> None:
         path = self._path()
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1)
+        real = os.path.realpath(path)  # SQLite names its -wal after the resolved path
+        names = [os.path.basename(real) + suffix for suffix in ("", "-wal", "-journal")]
+        # Watched before the first read: no commit falls between the two.
+        self._files = files = inotify.watch_directory(os.path.dirname(real), names)
+        self.mode = "poll" if files is None else "inotify"
         try:
             self._watch(conn, path, _identity(path))
         finally:
+            self._files = None
+            if files is not None:
+                files.close()
             conn.close()
 
     def _watch(self, conn: sqlite3.Connection, path: str, ident: tuple | None) -> None:
@@ -124,28 +179,62 @@ class SqliteWatcher(Watcher):
         # (Re)opened: whatever happened before is unknown, so look once.
         self._changed()
         delay = FAST_POLL
-        next_stat = time.monotonic() + _STAT_EVERY
+        now = time.monotonic()
+        busy_until, next_stat = now + BURST, now + _STAT_EVERY
         while not self._stop.is_set():
             if not self.active():
-                self._wake.wait(IDLE_WAIT)
-                self._wake.clear()
+                if self._idle():
+                    busy_until = time.monotonic() + BURST
                 delay = FAST_POLL
-            else:
+            elif self._files is None or time.monotonic() < busy_until:
                 self._stop.wait(delay)
+                if self._files is not None and self._files.drain():
+                    # More writes: poll fast again, and longer. (Left queued, they
+                    # would start another burst once this one is over.)
+                    delay, busy_until = EVENT_POLL, time.monotonic() + BURST
+            elif self._park():
+                # Look now, then poll fast a while: the -shm may lag the event.
+                delay, next_stat = EVENT_POLL, 0.0
+                busy_until = time.monotonic() + BURST
             now = time.monotonic()
             if now >= next_stat:
                 next_stat = now + _STAT_EVERY
                 # The file replaced (a test's fresh database, a restore) or the
                 # database renamed: open the new one.
-                if self._path() != path or _identity(path) != ident:
+                if self._path() != path or _identity(path) != ident or self._gone():
                     return
             seen = _data_version(conn)
             if seen != version:
                 version = seen
                 delay = FAST_POLL
+                busy_until = now + BURST
                 self._changed()
             else:
                 delay = min(delay * 1.25, SLOW_POLL)
+
+    def _idle(self) -> bool:
+        """Nobody here cares: wait for :meth:`wake` (or ``IDLE_WAIT``). True if the
+        files changed meanwhile (their events, read and dropped here)."""
+        self._wake.wait(IDLE_WAIT)
+        self._wake.clear()
+        return self._files is not None and self._files.drain()
+
+    def _park(self) -> bool:
+        """Sleep on the file events, at most ``FALLBACK`` seconds; True if one came."""
+        files = self._files
+        if files is None:
+            return False
+        self.parked.set()
+        try:
+            hit = files.wait(FALLBACK)
+        finally:
+            self.parked.clear()
+        if hit:
+            self.events += 1
+        return hit
+
+    def _gone(self) -> bool:
+        return self._files is not None and self._files.gone
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

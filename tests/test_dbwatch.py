@@ -1,13 +1,32 @@
-"""The SQLite watcher: a commit on another connection kicks, even after the file is replaced."""
+"""The SQLite watcher: a commit on another connection kicks, even after the file is replaced.
+
+On Linux it sleeps on inotify until the database's files change; elsewhere (or
+without inotify) it polls ``data_version``. Both must deliver.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
-from approvals import dbwatch
+import pytest
+
+from approvals import dbwatch, inotify
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+
+_WRITER = """import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA journal_mode=WAL")
+conn.execute("CREATE TABLE IF NOT EXISTS t (x)")
+conn.execute("INSERT INTO t VALUES (2)")
+conn.close()
+"""
 
 
 class _FileWatcher(dbwatch.SqliteWatcher):
@@ -27,13 +46,36 @@ def _write(path: str) -> None:
     conn.close()
 
 
-def _wait_for(kicks: threading.Event, timeout: float = 5.0) -> None:
+def _write_in_another_process(path: str) -> None:
+    subprocess.run([sys.executable, "-c", _WRITER, path], check=True, timeout=60)
+
+
+def _wait_for(kicks: threading.Event, timeout: float = 10.0) -> None:
     assert kicks.wait(timeout)
     kicks.clear()
 
 
-def test_a_commit_elsewhere_kicks_and_a_replaced_file_is_reopened(tmp_path, monkeypatch):
-    monkeypatch.setattr(dbwatch, "_STAT_EVERY", 0.05)
+def _settled(watcher: _FileWatcher, timeout: float = 20.0) -> None:
+    """Wait until the watcher sleeps on the file events and stays asleep a while
+    (the events of its own opening read and done with)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if watcher.parked.wait(1.0):
+            events = watcher.events
+            time.sleep(0.5)
+            if watcher.parked.is_set() and watcher.events == events:
+                return
+    raise AssertionError("the watcher never settled on the file events")
+
+
+@pytest.fixture
+def no_inotify(monkeypatch):
+    monkeypatch.setattr(dbwatch.inotify, "watch_directory", lambda directory, names: None)
+
+
+@linux_only
+def test_on_linux_a_commit_in_another_process_wakes_it_through_inotify(tmp_path, monkeypatch):
+    monkeypatch.setattr(dbwatch, "FALLBACK", 3600.0)  # only a file event can end its sleep
     path = str(tmp_path / "db.sqlite3")
     _write(path)
     kicks = threading.Event()
@@ -41,7 +83,95 @@ def test_a_commit_elsewhere_kicks_and_a_replaced_file_is_reopened(tmp_path, monk
     watcher.start()
     try:
         _wait_for(kicks)  # the first look after opening
-        time.sleep(0.1)
+        _settled(watcher)
+        assert watcher.mode == "inotify"
+        kicks.clear()
+        events = watcher.events
+        _write_in_another_process(path)
+        _wait_for(kicks, 30.0)
+        assert watcher.events > events
+        _settled(watcher)  # and again: it sleeps between commits, and wakes for the next
+        _write_in_another_process(path)
+        _wait_for(kicks, 30.0)
+    finally:
+        watcher.stop()
+    assert not watcher._thread.is_alive()  # stop ends the sleep (an hour long here)
+
+
+@linux_only
+def test_after_an_event_it_keeps_looking_until_data_version_moves(tmp_path, monkeypatch):
+    """A WAL commit writes the -wal file (an event), then the -shm (none): the first
+    look after the event may see nothing yet, so it must look again without events."""
+    monkeypatch.setattr(dbwatch, "FALLBACK", 3600.0)
+    real, last, frozen, stale_reads = dbwatch._data_version, [0], threading.Event(), []
+
+    def lagging(conn: sqlite3.Connection) -> int:
+        if threading.current_thread() is not watcher._thread:  # this process's listener's
+            return real(conn)
+        if frozen.is_set():
+            stale_reads.append(1)
+            return last[0]
+        last[0] = real(conn)
+        return last[0]
+
+    monkeypatch.setattr(dbwatch, "_data_version", lagging)
+    path = str(tmp_path / "db.sqlite3")
+    _write(path)
+    kicks = threading.Event()
+    watcher = _FileWatcher(path, kicks.set)
+    watcher.start()
+    try:
+        _wait_for(kicks)
+        _settled(watcher)
+        monkeypatch.setattr(dbwatch, "BURST", 60.0)  # a slow machine still looks 3 times
+        frozen.set()  # as if the -shm lagged behind every write to the -wal
+        _write_in_another_process(path)
+        deadline = time.monotonic() + 20
+        while len(stale_reads) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(stale_reads) >= 3 and not kicks.is_set()
+        frozen.clear()  # the wal-index caught up, with no event of its own
+        _wait_for(kicks)
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.usefixtures("no_inotify")
+def test_without_inotify_it_polls_and_a_commit_elsewhere_still_kicks(tmp_path):
+    path = str(tmp_path / "db.sqlite3")
+    _write(path)
+    kicks = threading.Event()
+    watcher = _FileWatcher(path, kicks.set)
+    watcher.start()
+    try:
+        _wait_for(kicks)
+        assert watcher.mode == "poll"
+        time.sleep(0.3)
+        kicks.clear()
+        _write_in_another_process(path)
+        _wait_for(kicks)
+        assert watcher.events == 0
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+def test_a_commit_elsewhere_kicks_and_a_replaced_file_is_reopened(tmp_path, monkeypatch, mode):
+    if mode == "poll":
+        monkeypatch.setattr(dbwatch.inotify, "watch_directory", lambda directory, names: None)
+    elif not sys.platform.startswith("linux"):
+        pytest.skip("inotify is Linux's")
+    monkeypatch.setattr(dbwatch, "_STAT_EVERY", 0.05)
+    monkeypatch.setattr(dbwatch, "FALLBACK", 3600.0)
+    path = str(tmp_path / "db.sqlite3")
+    _write(path)
+    kicks = threading.Event()
+    watcher = _FileWatcher(path, kicks.set)
+    watcher.start()
+    try:
+        _wait_for(kicks)  # the first look after opening
+        assert watcher.mode == mode
+        time.sleep(0.3)
         kicks.clear()
         _write(path)
         _wait_for(kicks)
@@ -50,9 +180,64 @@ def test_a_commit_elsewhere_kicks_and_a_replaced_file_is_reopened(tmp_path, monk
                 os.remove(path + suffix)
         _write(path)  # a new file at the same path
         _wait_for(kicks)  # reopened: it looks once
-        time.sleep(0.1)
+        time.sleep(0.3)
         kicks.clear()
         _write(path)
         _wait_for(kicks)
     finally:
         watcher.stop()
+
+
+class _FakeLibc:
+    def __init__(self, init: int = 1000, add: int = 1) -> None:
+        self.init, self.add = init, add
+
+    def inotify_init1(self, flags: int) -> int:
+        return self.init
+
+    def inotify_add_watch(self, fd: int, path: bytes, mask: int) -> int:
+        return self.add
+
+
+def test_no_inotify_means_none_said_once(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(inotify, "_told", False)
+    caplog.set_level(logging.DEBUG, logger="approvals.listener")
+    monkeypatch.setattr(inotify, "_libc", lambda: _FakeLibc(init=-1))  # EMFILE, say
+    assert inotify.watch_directory(str(tmp_path), ["db"]) is None
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    monkeypatch.setattr(inotify, "_libc", lambda: _FakeLibc(init=read_end, add=-1))  # ENOSPC
+    assert inotify.watch_directory(str(tmp_path), ["db"]) is None
+    with pytest.raises(OSError):
+        os.fstat(read_end)  # the instance closed
+    said = [r for r in caplog.records if "no inotify" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_not_linux_means_none(monkeypatch, tmp_path):
+    monkeypatch.setattr(inotify.sys, "platform", "darwin")
+    try:
+        found = inotify.watch_directory(str(tmp_path), ["db"])
+    finally:
+        monkeypatch.undo()
+    assert found is None
+
+
+@linux_only
+def test_only_the_named_files_count(tmp_path):
+    files = inotify.watch_directory(str(tmp_path), ["db", "db-wal"])
+    assert files is not None
+    try:
+        (tmp_path / "other").write_bytes(b"x")
+        (tmp_path / "db-shm").write_bytes(b"x")
+        started = time.monotonic()
+        assert files.wait(0.3) is False
+        assert time.monotonic() - started >= 0.29  # other names do not end the wait
+        (tmp_path / "db-wal").write_bytes(b"x")
+        assert files.wait(10.0) is True
+        assert files.wait(0.0) is False  # all read
+        files.interrupt()
+        assert files.wait(3600.0) is False  # interrupted, not a change
+    finally:
+        files.close()
+    files.interrupt()  # closed: nothing happens

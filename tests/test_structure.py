@@ -30,10 +30,13 @@ TRANSPORT = {
     "approvals.dbtail",
     "approvals.leases",
     "approvals.dbwatch",
+    "approvals.inotify",
     "approvals.pgnotify",
     "approvals.rowread",
     "approvals.listenhooks",
 }
+#: Imports nothing of the app at all (a wrapper of the operating system).
+STANDALONE = {"approvals.inotify"}
 ABOVE_TRANSPORT = {
     "approvals.decisions",
     "approvals.rules",
@@ -134,6 +137,12 @@ def test_the_transport_knows_no_decisions_rules_or_http():
     for name in TRANSPORT:
         above = {m for m in _reaches(graph, name) if m.split(".")[:2] != ["approvals", "models"]}
         assert not {m for m in above if any(m.startswith(a) for a in ABOVE_TRANSPORT)}, name
+
+
+def test_standalone_modules_import_nothing_of_the_app():
+    graph = _graph()
+    for name in STANDALONE:
+        assert graph[name] == set(), name
 
 
 def test_modules_stay_under_400_lines():
