@@ -11,12 +11,13 @@ what is delivered (the database is the truth, and delivery dedupes).
   process reads it on a dedicated connection and kicks the re-check when it
   moved. On Linux the thread sleeps on inotify (:mod:`approvals.inotify`) for
   the database's directory until ``<db>``, ``<db>-wal`` or ``<db>-journal`` is
-  written, created, removed or renamed, or ``FALLBACK`` seconds pass. A WAL
-  commit writes the ``-wal`` file (an event) and then the wal-index in the
-  mmapped ``-shm`` (no event), so ``data_version`` may move just after the
-  event: after an event the thread reads it at once, again 1 ms later, backing
-  off to 30 ms, and goes on until ``BURST`` seconds passed with no event and no
-  change; then it sleeps on the events again. Where inotify is missing (macOS,
+  written, created, removed or renamed (other files there wake it at most
+  every ``SLOW_POLL``), or ``FALLBACK`` seconds pass. A WAL commit writes the
+  ``-wal`` file (an event) and then the wal-index in the mmapped ``-shm`` (no
+  event), so ``data_version`` may move just after the event: after an event
+  the thread reads it at once, again 1 ms later, backing off to 30 ms, and
+  goes on until ``BURST`` seconds passed with no event and no change; then it
+  sleeps on the events again. Where inotify is missing (macOS,
   the limits reached) it reads every 5 ms just after a change, backing off to
   30 ms when quiet. Either way it does not look at all while the process has
   no waiter and no socket.
@@ -67,6 +68,8 @@ BURST = 0.5
 #: (a file system whose writes inotify does not see, such as NFS from another
 #: host) waits this long, and a wake-up a second costs next to nothing; the
 #: listener's re-check (``RECHECK_INTERVAL``, 1 s) is the safety net anyway.
+#: Other files written in the same directory wake it at most every
+#: ``SLOW_POLL``: never more often, nor later, than polling would.
 FALLBACK = 1.0
 IDLE_WAIT = 0.25
 _STAT_EVERY = 1.0
@@ -226,7 +229,7 @@ class SqliteWatcher(Watcher):
             return False
         self.parked.set()
         try:
-            hit = files.wait(FALLBACK)
+            hit = files.wait(FALLBACK, SLOW_POLL)
         finally:
             self.parked.clear()
         if hit:

@@ -122,24 +122,31 @@ class DirWatch:
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
         self._poll.register(self._wake_r, select.POLLIN)
+        self._wake_poll = select.poll()
+        self._wake_poll.register(self._wake_r, select.POLLIN)
+        #: How many times a wait woke up (tests count them).
+        self.looks = 0
         self._lock = threading.Lock()
         self._closed = False
         #: The directory itself was removed or renamed: this watch sees no more.
         self.gone = False
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, pause: float = 0.0) -> bool:
         """Block up to ``timeout`` seconds; True if a watched name changed (or events
         were dropped, so one may have), False on timeout or :meth:`interrupt`.
 
         Events for other names in the directory (a database in ``/tmp``) are read
-        and dropped, and the wait goes on.
+        and dropped, and the wait goes on, first letting more gather for
+        ``pause`` seconds: a busy neighbour costs one wake-up per ``pause`` at
+        most, and delays a watched name's event by as much.
         """
         deadline = time.monotonic() + timeout
         while True:
             remaining = max(deadline - time.monotonic(), 0.0)
             ready = self._poll.poll(math.ceil(remaining * 1000))
+            self.looks += 1
             if any(flags & _BROKEN for _, flags in ready):
-                self.gone = True  # never seen; a watch that cannot wait must not spin
+                self.gone = True  # an error on a descriptor: start over, do not spin
                 return True
             if any(fd == self._wake_r for fd, _ in ready):
                 _drain(self._wake_r)
@@ -148,6 +155,16 @@ class DirWatch:
                 return True
             if not ready or remaining <= 0:
                 return False
+            gap = min(pause, max(deadline - time.monotonic(), 0.0))
+            if gap > 0 and self._interrupted(gap):
+                return self.drain()
+
+    def _interrupted(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`interrupt` alone; True if it came."""
+        if not self._wake_poll.poll(math.ceil(timeout * 1000)):
+            return False
+        _drain(self._wake_r)
+        return True
 
     def drain(self) -> bool:
         """Read every queued event without waiting; True if one concerns a watched name."""

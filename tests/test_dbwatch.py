@@ -241,3 +241,28 @@ def test_only_the_named_files_count(tmp_path):
     finally:
         files.close()
     files.interrupt()  # closed: nothing happens
+
+
+@linux_only
+def test_a_busy_neighbour_costs_one_look_per_pause(tmp_path):
+    files = inotify.watch_directory(str(tmp_path), ["db", "db-wal"])
+    assert files is not None
+    done = threading.Event()
+
+    def neighbour() -> None:
+        with open(tmp_path / "app.log", "ab", buffering=0) as log:
+            while not done.is_set():
+                log.write(b"x")
+                time.sleep(0.0005)
+
+    writer = threading.Thread(target=neighbour)
+    writer.start()
+    try:
+        assert files.wait(1.0, pause=0.1) is False
+        assert files.looks <= 20  # about 10; without the pause, one per write
+        threading.Timer(0.3, (tmp_path / "db-wal").write_bytes, [b"x"]).start()
+        assert files.wait(30.0, pause=0.1) is True  # a watched name still counts
+    finally:
+        done.set()
+        writer.join()
+        files.close()
