@@ -41,17 +41,19 @@ def decision_events(qs) -> list[dict]:
     """``tool_decision`` events for decided rows, with who decided, in one query."""
     name = F(f"decided_by__{get_user_model().USERNAME_FIELD}")
     rows = qs.annotate(decided_by_name=name).values(*rowread.DECISION_FIELDS, "decided_by_name")
-    return [
-        events.tool_decision(
-            row,
-            row["status"],
-            row["decided_via"],
-            row["decided_by_name"],
-            row["reason"],
-            row["edited_arguments"],
-        )
-        for row in rows
-    ]
+    return [_decision(row) for row in rows]
+
+
+def _decision(row: dict) -> dict:
+    """``tool_decision`` of a row of :data:`rowread.DECISION_FIELDS` and ``decided_by_name``."""
+    return events.tool_decision(
+        row,
+        row["status"],
+        row["decided_via"],
+        row["decided_by_name"],
+        row["reason"],
+        row["edited_arguments"],
+    )
 
 
 class DatabaseTail:
@@ -137,13 +139,4 @@ def start_event(approval_id: str) -> dict | None:
 def decision_event(approval_id: str) -> dict | None:
     """``tool_decision`` for one decided row, read by its approval id (``None``: not decided)."""
     row = rowread.DECISIONS.read(approval_id)
-    if row is None:
-        return None
-    return events.tool_decision(
-        row,
-        row["status"],
-        row["decided_via"],
-        row["decided_by_name"],
-        row["reason"],
-        row["edited_arguments"],
-    )
+    return _decision(row) if row is not None else None
