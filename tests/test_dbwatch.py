@@ -6,6 +6,7 @@ without inotify) it polls ``data_version``. Both must deliver.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -68,6 +69,21 @@ def _settled(watcher: _FileWatcher, timeout: float = 20.0) -> None:
     raise AssertionError("the watcher never settled on the file events")
 
 
+@contextlib.contextmanager
+def _running(tmp_path):
+    """A watcher on a fresh database file in ``tmp_path``: ``(path, kicks, watcher)``,
+    stopped on the way out."""
+    path = str(tmp_path / "db.sqlite3")
+    _write(path)
+    kicks = threading.Event()
+    watcher = _FileWatcher(path, kicks.set)
+    watcher.start()
+    try:
+        yield path, kicks, watcher
+    finally:
+        watcher.stop()
+
+
 @pytest.fixture
 def no_inotify(monkeypatch):
     monkeypatch.setattr(dbwatch.inotify, "watch_directory", lambda directory, names: None)
@@ -76,12 +92,7 @@ def no_inotify(monkeypatch):
 @linux_only
 def test_on_linux_a_commit_in_another_process_wakes_it_through_inotify(tmp_path, monkeypatch):
     monkeypatch.setattr(dbwatch, "FALLBACK", 3600.0)  # only a file event can end its sleep
-    path = str(tmp_path / "db.sqlite3")
-    _write(path)
-    kicks = threading.Event()
-    watcher = _FileWatcher(path, kicks.set)
-    watcher.start()
-    try:
+    with _running(tmp_path) as (path, kicks, watcher):
         _wait_for(kicks)  # the first look after opening
         _settled(watcher)
         assert watcher.mode == "inotify"
@@ -93,8 +104,6 @@ def test_on_linux_a_commit_in_another_process_wakes_it_through_inotify(tmp_path,
         _settled(watcher)  # and again: it sleeps between commits, and wakes for the next
         _write_in_another_process(path)
         _wait_for(kicks, 30.0)
-    finally:
-        watcher.stop()
     assert not watcher._thread.is_alive()  # stop ends the sleep (an hour long here)
 
 
@@ -115,12 +124,7 @@ def test_after_an_event_it_keeps_looking_until_data_version_moves(tmp_path, monk
         return last[0]
 
     monkeypatch.setattr(dbwatch, "_data_version", lagging)
-    path = str(tmp_path / "db.sqlite3")
-    _write(path)
-    kicks = threading.Event()
-    watcher = _FileWatcher(path, kicks.set)
-    watcher.start()
-    try:
+    with _running(tmp_path) as (path, kicks, watcher):
         _wait_for(kicks)
         _settled(watcher)
         monkeypatch.setattr(dbwatch, "BURST", 60.0)  # a slow machine still looks 3 times
@@ -132,18 +136,11 @@ def test_after_an_event_it_keeps_looking_until_data_version_moves(tmp_path, monk
         assert len(stale_reads) >= 3 and not kicks.is_set()
         frozen.clear()  # the wal-index caught up, with no event of its own
         _wait_for(kicks)
-    finally:
-        watcher.stop()
 
 
 @pytest.mark.usefixtures("no_inotify")
 def test_without_inotify_it_polls_and_a_commit_elsewhere_still_kicks(tmp_path):
-    path = str(tmp_path / "db.sqlite3")
-    _write(path)
-    kicks = threading.Event()
-    watcher = _FileWatcher(path, kicks.set)
-    watcher.start()
-    try:
+    with _running(tmp_path) as (path, kicks, watcher):
         _wait_for(kicks)
         assert watcher.mode == "poll"
         time.sleep(0.3)
@@ -151,8 +148,6 @@ def test_without_inotify_it_polls_and_a_commit_elsewhere_still_kicks(tmp_path):
         _write_in_another_process(path)
         _wait_for(kicks)
         assert watcher.events == 0
-    finally:
-        watcher.stop()
 
 
 @pytest.mark.parametrize("mode", ["inotify", "poll"])
@@ -163,12 +158,7 @@ def test_a_commit_elsewhere_kicks_and_a_replaced_file_is_reopened(tmp_path, monk
         pytest.skip("inotify is Linux's")
     monkeypatch.setattr(dbwatch, "_STAT_EVERY", 0.05)
     monkeypatch.setattr(dbwatch, "FALLBACK", 3600.0)
-    path = str(tmp_path / "db.sqlite3")
-    _write(path)
-    kicks = threading.Event()
-    watcher = _FileWatcher(path, kicks.set)
-    watcher.start()
-    try:
+    with _running(tmp_path) as (path, kicks, watcher):
         _wait_for(kicks)  # the first look after opening
         assert watcher.mode == mode
         time.sleep(0.3)
@@ -184,8 +174,6 @@ def test_a_commit_elsewhere_kicks_and_a_replaced_file_is_reopened(tmp_path, monk
         kicks.clear()
         _write(path)
         _wait_for(kicks)
-    finally:
-        watcher.stop()
 
 
 class _FakeLibc:
