@@ -88,11 +88,12 @@ def decide(
     reason = reason or ""
     now = timezone.now()
     change = _Change(status, via, getattr(by, "pk", by), reason, now, remember)
-    if edited_arguments is None and _owner_key(viewer) is not None and _one_statement():
+    owner = getattr(viewer, "pk", None)
+    if edited_arguments is None and owner is not None and _one_statement():
         # The common case, a person answering their own agent's call, is one
         # statement: the update says whether it won and returns the row.
         with atomic_then([]) as after:
-            row = _update_own(approval_id, _owner_key(viewer), session_id, change)
+            row = _update_own(approval_id, owner, session_id, change)
             if row is not None:
                 _won(after, row, change, by, None)
         if row is not None:
@@ -212,11 +213,6 @@ def _update_sql(change: _Change, edit: dict | None, where: list[tuple[str, Any]]
     assignments = ", ".join(f"{col[name]} = %s" for name in sets)
     table = ops.quote_name(meta.db_table)
     return f"UPDATE {table} SET {assignments} WHERE {' AND '.join(conditions)}", params
-
-
-def _owner_key(viewer: Any) -> Any:
-    """The viewer's key when the one-statement path may decide for them, else ``None``."""
-    return getattr(viewer, "pk", None) if viewer is not None else None
 
 
 def _one_statement() -> bool:
