@@ -22,6 +22,7 @@ GROUND = {
     "approvals.signals",
     "approvals.waiting",
     "approvals.hooks",
+    "approvals.keyread",
 }
 #: The transport knows no decisions, rules, HTTP or pages.
 TRANSPORT = {

@@ -188,6 +188,12 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/approvals/"
 LOGOUT_REDIRECT_URL = "login"
 
+# Django's database sessions and ModelBackend, each reading its row with one
+# statement composed once instead of a queryset (approvals.keyread): together
+# about 0.6 ms less for every signed-in request. Same tables, same checks.
+SESSION_ENGINE = "approvals.sessions"
+AUTHENTICATION_BACKENDS = ["approvals.backends.ModelBackend"]
+
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the inbox page reads it for the X-CSRFToken header
 SESSION_COOKIE_SECURE = not DEBUG

@@ -47,13 +47,14 @@ def _row(row: Any) -> dict[str, Any]:
 
 
 def handle(command: dict[str, Any]) -> dict[str, Any]:
+    from django.conf import settings
     from django.contrib.auth import (
         BACKEND_SESSION_KEY,
         HASH_SESSION_KEY,
         SESSION_KEY,
         get_user_model,
     )
-    from django.contrib.sessions.backends.db import SessionStore
+    from django.utils.module_loading import import_string
 
     from approvals import agentkeys
     from approvals.models import Approval
@@ -65,9 +66,9 @@ def handle(command: dict[str, Any]) -> dict[str, Any]:
         return {"id": user.pk}
     if op == "session":
         user = User.objects.get(username=command["username"])
-        session = SessionStore()
+        session = import_string(f"{settings.SESSION_ENGINE}.SessionStore")()
         session[SESSION_KEY] = str(user.pk)
-        session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+        session[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
         session[HASH_SESSION_KEY] = user.get_session_auth_hash()
         session.create()
         return {"sessionid": session.session_key}
