@@ -14,7 +14,7 @@ class ApprovalsConfig(AppConfig):
 
         # The listener knows nothing above it; the parts that need it hook in here.
         rules.connect()
-        listener.every("sweep", lambda: setting("SWEEP_INTERVAL"), sweep.sweep)
+        listener.every("sweep", lambda: setting("SWEEP_INTERVAL"), sweep.sweep, judges_leases=True)
         # Notifications: the outbox is written inside the decision path's transactions
         # (approvals.hooks), sent by a worker beside the listener, reminders periodic.
         outbox.connect()

@@ -297,10 +297,11 @@ class Listener:
             if not interval or now - self._last_run.setdefault(name, now) < interval:
                 continue
             self._last_run[name] = now
-            # Our own lease first: this process is alive, whatever became of its
-            # row (a restored backup, a test run's flush), so no periodic task
-            # judges the calls it is itself waiting for.
-            self._beat(now)
+            if periodic.judges_leases:
+                # Our own lease first: this process is alive, whatever became of
+                # its row (a restored backup, a test run's flush), so the task
+                # never judges the calls it is itself waiting for.
+                self._beat(now)
             periodic.task()
 
     def _beat(self, now: float) -> None:

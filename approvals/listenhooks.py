@@ -15,6 +15,7 @@ from typing import Any
 class _Periodic:
     interval: Callable[[], float | None]
     task: Callable[[], Any]
+    judges_leases: bool = False
 
 
 _handlers: dict[str, Callable[[dict], None]] = {}
@@ -31,13 +32,22 @@ def on_message(kind: str, handler: Callable[[dict], None]) -> None:
     _handlers[kind] = handler
 
 
-def every(name: str, interval: Callable[[], float | None], task: Callable[[], Any]) -> None:
+def every(
+    name: str,
+    interval: Callable[[], float | None],
+    task: Callable[[], Any],
+    *,
+    judges_leases: bool = False,
+) -> None:
     """Run ``task()`` in the re-check thread every ``interval()`` seconds (``None``: never).
 
-    The process's lease is renewed first, so a periodic task never judges this
-    process dead. Registering a name again replaces it.
+    With ``judges_leases`` (a task that decides from process leases whether
+    calls were abandoned), this process's lease is renewed first, so the task
+    never judges this process dead. Other tasks leave the lease to its own
+    ``HEARTBEAT_INTERVAL``: a lease written to the database wakes every other
+    process's SQLite watcher. Registering a name again replaces it.
     """
-    _periodic[name] = _Periodic(interval, task)
+    _periodic[name] = _Periodic(interval, task, judges_leases)
 
 
 def on_start(name: str, start: Callable[[Any], Any]) -> None:

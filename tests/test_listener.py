@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from approvals import gate
+from approvals import gate, listenhooks
 from approvals import listener as listener_module
 from approvals.listener import Listener, get_listener
-from approvals.models import Approval
+from approvals.models import Approval, ProcessLease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,3 +47,29 @@ def test_recheck_survives_a_failing_pass_and_a_failing_cleanup(monkeypatch):
         assert gate.wait_tool_decision(slot, aid) == "allow"
     finally:
         listener.unregister(slot)
+
+
+def test_only_tasks_that_judge_leases_renew_the_lease_first(monkeypatch):
+    """A lease written to the database wakes every other process's SQLite watcher, so
+    a periodic task (reminders, every 2 s) does not renew it; the sweep, which judges
+    calls by their process's lease, still does, even when the row went missing."""
+    ran = []
+    tasks = {
+        "quiet": listenhooks._Periodic(lambda: 0.01, lambda: ran.append("quiet")),
+        "judge": listenhooks._Periodic(lambda: 0.01, lambda: ran.append("judge"), True),
+    }
+    monkeypatch.setattr(listener_module, "_periodic", tasks)
+    listener = Listener()
+    listener.ensure_lease()
+    old = timezone.now() - timedelta(minutes=5)
+    ProcessLease.objects.filter(key=listener.key).update(heartbeat_at=old)
+    listener._last_heartbeat = time.monotonic()  # the heartbeat itself not due
+    listener._last_run = {"quiet": 0.0}
+    listener.recheck()
+    assert ran == ["quiet"]
+    assert ProcessLease.objects.get(key=listener.key).heartbeat_at == old
+    listener._last_run = {"judge": 0.0}
+    ProcessLease.objects.filter(key=listener.key).delete()
+    listener.recheck()
+    assert ran == ["quiet", "judge"]
+    assert ProcessLease.objects.get(key=listener.key).heartbeat_at > old
