@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from approvals import events, rowread
 from approvals.agentkeys import create_key
-from approvals.dbtail import decision_event, decision_events, start_event
+from approvals.dbtail import decided_among, decision_event, decision_events, start_event
 from approvals.models import Approval, Status, Via
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,3 +101,15 @@ def test_one_statement_per_read_and_none_for_no_row(rows, django_assert_num_quer
         assert decision_event("missing") is None
     with django_assert_num_queries(1):
         assert start_event("full") is not None
+
+
+def test_decided_among_many_waiting_ids_reads_only_the_decided(rows, django_assert_num_queries):
+    """The listener's check of every waiting id: one light statement per 500 ids, and a
+    full read only of those decided (here one, in the third chunk of 1,002 ids)."""
+    waiting = [f"nobody-{i}" for i in range(1000)] + ["full", "decided"]
+    with django_assert_num_queries(3 + 1):
+        found = decided_among(waiting)
+    assert found == decision_events(Approval.objects.filter(approval_id="decided"))
+    with django_assert_num_queries(2):
+        assert decided_among(waiting[:1000]) == []
+    assert decided_among([]) == []
