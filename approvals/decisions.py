@@ -49,6 +49,9 @@ class Outcome:
 
 
 NOT_FOUND = Outcome(False, "", NOT_FOUND_CODE)
+#: Checked on every decision; ``Status.values`` builds its list on each access.
+_FINAL = frozenset(Status.values) - {Status.PENDING}
+_CHANNELS = frozenset(Via.values)
 
 
 def decide(
@@ -75,9 +78,9 @@ def decide(
     ``not_editable``, and arguments failing its ``arguments_schema`` raise
     ``invalid_arguments``; neither changes anything.
     """
-    if status not in Status.values or status == Status.PENDING:
+    if status not in _FINAL:
         raise ValueError(f"not a final status: {status!r}")
-    if via not in Via.values:
+    if via not in _CHANNELS:
         raise ValueError(f"not a decision channel: {via!r}")
     if remember not in (None, *REMEMBER_SCOPES):
         raise ValueError(f'remember must be "session" or "always", not {remember!r}')
@@ -189,8 +192,7 @@ def _update_sql(change: _Change, edit: dict | None, where: list[tuple[str, Any]]
     """The conditional update's SQL and parameters, matching the ``where`` fields."""
     ops = connection.ops
     meta = Approval._meta
-    col = {f.name: ops.quote_name(f.column) for f in meta.concrete_fields}
-    col["pk"] = ops.quote_name(meta.pk.column)
+    col = _columns(connection)
     when = ops.adapt_datetimefield_value(change.now)
     # Keys go through their fields, so UUID and other key types are stored and
     # compared the way this backend stores them.
@@ -211,8 +213,23 @@ def _update_sql(change: _Change, edit: dict | None, where: list[tuple[str, Any]]
         conditions.append(f"{col['expires_at']} > %s")
         params.append(when)
     assignments = ", ".join(f"{col[name]} = %s" for name in sets)
-    table = ops.quote_name(meta.db_table)
-    return f"UPDATE {table} SET {assignments} WHERE {' AND '.join(conditions)}", params
+    return f"UPDATE {col['']} SET {assignments} WHERE {' AND '.join(conditions)}", params
+
+
+_quoted: dict[str, dict[str, str]] = {}
+
+
+def _columns(conn: Any) -> dict[str, str]:
+    """Quoted column names by field name (and ``"pk"``; ``""``: the table), per vendor."""
+    col = _quoted.get(conn.vendor)
+    if col is None:
+        quote = conn.ops.quote_name
+        meta = Approval._meta
+        col = {f.name: quote(f.column) for f in meta.concrete_fields}
+        col["pk"] = quote(meta.pk.column)
+        col[""] = quote(meta.db_table)
+        _quoted[conn.vendor] = col
+    return col
 
 
 def _one_statement() -> bool:

@@ -10,12 +10,16 @@ keep-alive connection with a signed-in session and CSRF token, POST
 With ``TOOLGATE_TEST_DATABASE_URL`` (or ``--postgres URL``) the same run
 follows on a throwaway PostgreSQL database, no Redis.
 
-Reported: decisions per second (all answered 200), the HTTP round trip
-p50/p99, and the wake latency p50/p99: POST sent -> the agent's waiter returns
-in this process. Without Redis a decision made in daphne reaches another
-process through the database re-check (``RECHECK_INTERVAL``, 1 s), so the wake
-figures show that interval; with ``--redis`` (or ``REDIS_URL``) they show the
-channel-layer fast path.
+Reported: decisions per second (all answered 200) and as a share of the same
+server's rate on a trivial JSON view (goal >= 70 %), daphne's CPU per request,
+the HTTP round trip p50/p99, and the wake latency p50/p99: POST sent -> the
+agent's waiter returns in this process (without Redis through the database
+watchers, with ``--redis`` through the channel layer).
+
+After the SQLite run, the same run again with the server reading sessions and
+users through Django's own session engine and ``ModelBackend``: the baseline
+for the site's ``approvals.sessions`` and ``approvals.backends``, measured in
+the same invocation.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from _common import (  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 MS = 1000.0
+DJANGO_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
 class Agent:
@@ -158,8 +163,15 @@ def trivial(server, sessionid: str, count: int, clients: int) -> float:
     return count / (time.monotonic() - start)
 
 
-def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dict:
-    """One server, one agent, ``calls`` decisions; the figures for this mode."""
+def run_mode(
+    label: str, redis_url: str | None, calls: int, clients: int, django_auth: bool = False
+) -> dict:
+    """One server, one agent, ``calls`` decisions; the figures for this mode.
+
+    ``django_auth``: the server reads sessions and users with Django's own
+    session engine and ``ModelBackend`` (the baseline for the site's
+    ``approvals.sessions`` and ``approvals.backends``).
+    """
     from django.contrib.auth import get_user_model
     from django.test import Client
 
@@ -167,9 +179,11 @@ def run_mode(label: str, redis_url: str | None, calls: int, clients: int) -> dic
 
     user = get_user_model().objects.create_user(f"load-{label}-{os.getpid()}")
     web = Client()
-    web.force_login(user)
+    web.force_login(user, backend=DJANGO_BACKEND if django_auth else None)
     env = child_env(os.environ["DATABASE_URL"])
     env["DJANGO_SETTINGS_MODULE"] = "bench._http_settings"  # adds /bench/ping
+    if django_auth:
+        env["TOOLGATE_BENCH_DJANGO_AUTH"] = "1"
     env.pop("REDIS_URL", None)
     if redis_url:
         env["REDIS_URL"] = redis_url
@@ -249,6 +263,22 @@ def mode_figures(label: str, where: str, r: dict) -> dict:
     return figures
 
 
+def baseline_figures(r: dict) -> dict:
+    """The same SQLite run with Django's own session engine and ModelBackend."""
+    where = "SQLite, Django's own session engine and ModelBackend"
+    return {
+        "djangoauth_decisions_per_s": figure(r["rate"], "/s", f"decisions/s ({where})"),
+        "djangoauth_decision_ratio": figure(
+            r["rate"] / r["ping_rate"] * 100,
+            "%",
+            f"decisions/s as a share of trivial GETs/s ({where})",
+        ),
+        "djangoauth_server_cpu_ms": figure(
+            r["server_cpu_ms"], "ms", f"daphne CPU per decision ({where})"
+        ),
+    }
+
+
 def postgresql_part(base_url: str, calls: int, clients: int) -> None:
     """The PostgreSQL mode, in a process of its own (Django is set up once per process):
     a throwaway database, no Redis; prints its figures as one JSON line."""
@@ -298,6 +328,9 @@ def main() -> None:
             r = run_mode(label, redis_url, calls, opts.clients)
             where = "SQLite, no Redis" if not redis_url else "SQLite + Redis"
             figures.update(mode_figures(label, where, r))
+            if label == "sqlite":
+                base = run_mode("djangoauth", None, calls, opts.clients, django_auth=True)
+                figures.update(baseline_figures(base))
         notes = [
             f"{calls} calls gated in this process, then decided by {opts.clients} concurrent "
             "keep-alive HTTP clients against one daphne process",
