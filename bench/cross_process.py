@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import resource
 import secrets
 import signal
@@ -154,12 +155,18 @@ def _socket(server, sessionid: str):
 
 
 def decide_latency(
-    site: Site, trials: int, over: str, replies: list[float] | None = None
+    site: Site,
+    trials: int,
+    over: str,
+    replies: list[float] | None = None,
+    pause: tuple[float, float] | None = None,
 ) -> tuple[list[float], list[float]]:
     """Decision on A -> agent wakes; and, on the way, gate -> tool_start on B.
 
     B's socket is read in a process of its own (:mod:`_receiver`), which notes
-    when each frame arrives; this process only drives the steps.
+    when each frame arrives; this process only drives the steps. ``pause``
+    (seconds, low and high): a person's reading time between the card
+    arriving and the click, drawn at random, so every process has gone quiet.
     """
     from _receiver import Receiver
 
@@ -174,6 +181,8 @@ def decide_latency(
             gated = site.agent.gate_timed("bench", user_id=site.user_id)
             aid = gated["approval_id"]
             seen_on_b = on_b.arrival("tool_start", aid)
+            if pause is not None:
+                time.sleep(random.uniform(*pause))
             sent = time.monotonic()
             if http is not None:
                 status, body = http.post_json(
