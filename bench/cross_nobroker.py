@@ -154,7 +154,11 @@ def run(label: str, pg_url: str | None, trials: int, goals: dict) -> tuple[dict,
             w99 <= g["w99"][1],
         ),
         f"{label}_start_p50": figure(
-            s50, "ms", f"{label}: gate -> tool_start on B, p50", g["s50"][0], s50 <= g["s50"][1]
+            s50,
+            "ms",
+            f"{label}: gate -> tool_start on B, p50",
+            g["s50"][0],
+            s50 <= g["s50"][1] if g["s50"][0] else None,  # PostgreSQL: no goal for p50
         ),
         f"{label}_start_p99": figure(
             s99, "ms", f"{label}: gate -> tool_start on B, p99", g["s99"][0], s99 <= g["s99"][1]
