@@ -149,7 +149,13 @@ def test_network_error_before_the_server_is_up(server: ToolgateServer) -> None:
 def test_server_restart_mid_wait(client: ToolgateClient, server: ToolgateServer) -> None:
     future = ask(client)
     call = server.wait_for_pending()[0]
+    # The row is pending before the POST's answer is back: wait for the long-poll,
+    # or the restart may drop the POST instead and its retry get the decision.
+    deadline = time.monotonic() + 10
+    while not server.count("GET") and time.monotonic() < deadline:
+        time.sleep(0.02)
     gets_before = server.count("GET")
+    assert gets_before == 1
     server.stop()  # drops the held long-poll
     time.sleep(0.5)
     assert not future.done()
