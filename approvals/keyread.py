@@ -62,12 +62,23 @@ def get(model: type, using: str, key: str, value: Any, later: tuple[str, Any] | 
         found = cursor.fetchone()
     if found is None:
         return None
+    values = converted(found, statement.columns, connection)
+    return model.from_db(using, statement.names, values)
+
+
+def column(col: Any, connection: Any) -> tuple[Any, list[Converter]]:
+    """A selected column and the converters the ORM applies to its values."""
+    return col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+
+
+def converted(found: tuple, columns: list, connection: Any) -> list:
+    """The values of a row read as ``columns`` (from :func:`column`), as the ORM gives them."""
     values = []
-    for (expression, converters), value in zip(statement.columns, found, strict=True):
+    for (expression, converters), value in zip(columns, found, strict=True):
         for convert in converters:
             value = convert(value, expression, connection)
         values.append(value)
-    return model.from_db(using, statement.names, values)
+    return values
 
 
 def _prepared(field: Any, value: Any, connection: Any) -> Any:
@@ -92,11 +103,7 @@ def _compose(model: type, connection: Any, key: str, later: str | None) -> _Stat
     key_field = meta.pk if key == "pk" else meta.get_field(key)
     if not key_field.unique:
         raise ValueError(f"{meta.label}.{key_field.name} is not unique")
-    columns = []
-    for field in meta.concrete_fields:
-        col = field.get_col(meta.db_table)
-        converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        columns.append((col, converters))
+    columns = [column(f.get_col(meta.db_table), connection) for f in meta.concrete_fields]
     selected = ", ".join(f"{table}.{quote(f.column)}" for f in meta.concrete_fields)
     sql = f"SELECT {selected} FROM {table} WHERE {table}.{quote(key_field.column)} = %s"
     later_field = meta.get_field(later) if later is not None else None

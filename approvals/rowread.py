@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import connections, router
 
-from . import events
+from . import events, keyread
 from .models import Approval, Status
 
 #: The fields of ``tool_start`` (see :mod:`approvals.events`).
@@ -50,42 +50,34 @@ class RowReader:
         self.fields = fields
         self.names = names
         self.decided = decided
-        self._built: dict[str, tuple[str, list[tuple[str, Any, list[Converter]]]]] = {}
+        # Per database: the statement, the keys, and each column's expression and converters.
+        self._built: dict[str, tuple[str, list[str], list[tuple[Any, list[Converter]]]]] = {}
         self._lock = threading.Lock()
 
     def read(self, approval_id: str, using: str | None = None) -> dict | None:
         """The row of ``approval_id`` on ``using`` (default: where the router reads approvals)."""
         using = using or router.db_for_read(Approval)
-        sql, columns = self._statement(using)
+        sql, keys, columns = self._statement(using)
         connection = connections[using]
         params = [approval_id, Status.PENDING] if self.decided else [approval_id]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             found = cursor.fetchone()
-        return None if found is None else self._converted(found, columns, connection)
+        return None if found is None else _row(keys, found, columns, connection)
 
     def returning(self, using: str) -> str:
         """This reader's columns for an ``UPDATE … RETURNING`` on the approvals table
         (a reader without ``names`` or ``__`` fields); :meth:`row` reads what it returns."""
-        _, columns = self._statement(using)
+        _, _, columns = self._statement(using)
         quote = connections[using].ops.quote_name
-        return ", ".join(quote(expression.target.column) for _, expression, _ in columns)
+        return ", ".join(quote(expression.target.column) for expression, _ in columns)
 
     def row(self, found: tuple, using: str) -> dict:
         """The dict :meth:`read` gives, from a row of these columns selected elsewhere."""
-        _, columns = self._statement(using)
-        return self._converted(found, columns, connections[using])
+        _, keys, columns = self._statement(using)
+        return _row(keys, found, columns, connections[using])
 
-    @staticmethod
-    def _converted(found: tuple, columns: list, connection: Any) -> dict:
-        row = {}
-        for (key, expression, converters), value in zip(columns, found, strict=True):
-            for convert in converters:
-                value = convert(value, expression, connection)
-            row[key] = value
-        return row
-
-    def _statement(self, using: str) -> tuple[str, list]:
+    def _statement(self, using: str) -> tuple[str, list[str], list]:
         built = self._built.get(using)
         if built is None:
             with self._lock:
@@ -94,8 +86,12 @@ class RowReader:
         return built
 
 
-def _compose(reader: RowReader, connection: Any) -> tuple[str, list]:
-    """The statement and, per selected column, its key, expression and converters."""
+def _row(keys: list[str], found: tuple, columns: list, connection: Any) -> dict:
+    return dict(zip(keys, keyread.converted(found, columns, connection), strict=True))
+
+
+def _compose(reader: RowReader, connection: Any) -> tuple[str, list[str], list]:
+    """The statement, the keys, and per selected column its expression and converters."""
     quote = connection.ops.quote_name
     meta = Approval._meta
     joins: dict[str, tuple[str, Any]] = {}  # foreign key name -> (alias, related model)
@@ -121,12 +117,8 @@ def _compose(reader: RowReader, connection: Any) -> tuple[str, list]:
         alias, model = joined(fk_name)
         username = model._meta.get_field(model.USERNAME_FIELD)
         selected.append((key, username.get_col(alias)))
-    columns = []
-    parts = []
-    for key, col in selected:
-        parts.append(f"{quote(col.alias)}.{quote(col.target.column)}")
-        converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        columns.append((key, col, converters))
+    parts = [f"{quote(col.alias)}.{quote(col.target.column)}" for _, col in selected]
+    columns = [keyread.column(col, connection) for _, col in selected]
     sql = f"SELECT {', '.join(parts)} FROM {quote(meta.db_table)} {quote('a')}"
     for alias, fk in joins.values():
         target = fk.related_model._meta
@@ -137,7 +129,7 @@ def _compose(reader: RowReader, connection: Any) -> tuple[str, list]:
     sql += f" WHERE {quote('a')}.{quote(meta.get_field('approval_id').column)} = %s"
     if reader.decided:
         sql += f" AND {quote('a')}.{quote(meta.get_field('status').column)} <> %s"
-    return sql, columns
+    return sql, [key for key, _ in selected], columns
 
 
 def _field_by_attname(meta: Any, attname: str) -> Any:
