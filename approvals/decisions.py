@@ -95,10 +95,11 @@ def decide(
     if edited_arguments is None and owner is not None and _one_statement():
         # The common case, a person answering their own agent's call, is one
         # statement: the update says whether it won and returns the row.
-        with atomic_then([]) as after:
+        alone = _alone(change)
+        with atomic_then([], atomic=not alone) as after:
             row = _update_own(approval_id, owner, session_id, change)
             if row is not None:
-                _won(after, row, change, by, None)
+                _won(after, row, change, by, None, alone)
         if row is not None:
             return Outcome(True, status, "", approval_id)
     row = _visible_row(approval_id, session_id, viewer)
@@ -107,10 +108,11 @@ def decide(
     if row["status"] != Status.PENDING:
         return Outcome(False, row["status"], ALREADY_DECIDED, approval_id)
     edit = _checked_edit(row, edited_arguments) if edited_arguments is not None else None
-    with atomic_then([]) as after:
+    alone = _alone(change)
+    with atomic_then([], atomic=not alone) as after:
         changed = _conditional_update(row["pk"], change, edit)
         if changed:
-            _won(after, row, change, by, edit)
+            _won(after, row, change, by, edit, alone)
     if changed:
         return Outcome(True, status, "", approval_id)
     return _explain_loss(row, now)
@@ -133,14 +135,31 @@ class _Change:
         return self.status in (Status.ALLOWED, Status.DENIED, Status.ABANDONED)
 
 
-def _won(after: list, row: dict, change: _Change, by: Any, edit: dict | None) -> None:
-    """Inside the winning transaction: the remembered rule, the hooks, the event after commit."""
+def _won(
+    after: list, row: dict, change: _Change, by: Any, edit: dict | None, alone: bool = False
+) -> None:
+    """Inside the winning transaction: the remembered rule, the hooks, the event after commit.
+
+    ``alone``: the update was the only write (:func:`_alone`), with no transaction.
+    """
     status = change.status
     if change.remember and status in (Status.ALLOWED, Status.DENIED):
         rules.remember(row, status, change.remember, by, change.reason)
-    hooks.decided(row["pk"], status)
+    if not alone:
+        hooks.decided(row["pk"], status)
     event = events.tool_decision(row, status, change.via, by, change.reason, edit)
     after.append(lambda: announce.call_decided(row["pk"], event))
+
+
+def _alone(change: _Change) -> bool:
+    """Whether the conditional update will be the decision's only write.
+
+    Then it runs without a transaction around it (it is atomic by itself):
+    no rule to remember and no hook that would write (no webhook wants
+    ``approval.decided``, say). A hook that starts wanting to write meanwhile
+    misses this one decision, as it would have had it been created a moment later.
+    """
+    return not change.remember and not hooks.decided_writes()
 
 
 def _checked_edit(row: dict, edited: Any) -> dict | None:

@@ -179,6 +179,6 @@ def retry(queryset) -> int:
 def connect() -> None:
     """Hook the outbox into the decision path (called from ``AppConfig.ready()``)."""
     hooks.on_gated("outbox", on_gated)
-    hooks.on_decided("outbox", on_decided)
+    hooks.on_decided("outbox", on_decided, writes=lambda: _anyone_wants("approval.decided"))
     post_save.connect(forget_webhooks, sender=Webhook, dispatch_uid="approvals-webhooks")
     post_delete.connect(forget_webhooks, sender=Webhook, dispatch_uid="approvals-webhooks-del")

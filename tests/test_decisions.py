@@ -168,3 +168,70 @@ def test_the_prepared_read_gives_what_the_orm_gives(owner):
     assert knownrows.stored("read-me")["editable"] is True
     assert knownrows.stored("read-me")["arguments_schema"] == schema
     assert knownrows.stored("no-such-call") is None
+
+
+# -- the update alone: no transaction when nothing else is written ----------------------
+
+
+@pytest.fixture
+def atomic_blocks(monkeypatch):
+    """How many atomic blocks the decision path opens."""
+    from approvals import aftercommit
+
+    opened: list[int] = []
+    real = aftercommit.transaction.atomic
+
+    def counting(*args, **kwargs):
+        opened.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(aftercommit.transaction, "atomic", counting)
+    return opened
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-call", "by-id"])
+def test_a_lone_update_opens_no_transaction_and_still_wakes(owner, atomic_blocks, own):
+    from approvals import gate
+
+    aid = f"lone-{own}"
+    slot = gate.begin_tool_decision("s-lone", aid, user=owner, tool_name="t")
+    atomic_blocks.clear()  # gating's own
+    viewer = {"by": owner, "viewer": owner} if own else {}
+    outcome = decide(aid, Status.ALLOWED, via=Via.WEB if own else Via.API, **viewer)
+    assert outcome.won
+    assert atomic_blocks == []  # the conditional update committed by itself
+    assert gate.wait_tool_decision(slot, aid, timeout=5) == "allow"  # woken after it
+    assert decide(aid, Status.DENIED, via=Via.API).error == "already_decided"
+
+
+def test_a_hook_that_writes_gets_the_transaction_and_can_roll_it_back(owner, atomic_blocks):
+    from approvals import hooks
+
+    _row("hooked", user=owner)
+    _row("hooked-off", user=owner)
+    wanted = {"now": True}
+
+    def failing(pk, status):
+        raise RuntimeError("the hook's write failed")
+
+    hooks.on_decided("test-failing", failing, writes=lambda: wanted["now"])
+    try:
+        with pytest.raises(RuntimeError):
+            decide("hooked", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner)
+        assert atomic_blocks == [1]
+        assert Approval.objects.get(approval_id="hooked").status == Status.PENDING
+        wanted["now"] = False  # it says it would write nothing: not called, no transaction
+        assert decide("hooked-off", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner).won
+        assert atomic_blocks == [1]
+    finally:
+        hooks._decided.pop("test-failing")
+        hooks._decided_writes.pop("test-failing")
+    assert not hooks.decided_writes()
+
+
+def test_remembering_a_rule_keeps_the_transaction(owner, atomic_blocks):
+    _row("remembered", user=owner, session_id="s-r")
+    assert decide(
+        "remembered", Status.ALLOWED, via=Via.WEB, by=owner, viewer=owner, remember="session"
+    ).won
+    assert atomic_blocks == [1]

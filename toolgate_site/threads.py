@@ -9,30 +9,62 @@ single-thread executors that live as long as the process: threads and
 database connections are reused, and Django's own request signals still check
 each connection's health before and after every request.
 
-Requests sharing an executor run their synchronous parts one after another,
-as they would on one core anyway. ``DJANGO_ASGI_THREADS`` sets how many
-(default 4). With an asgiref too old to accept an executor (before 3.9) the
+**One hot thread, the others for when it is stuck.** Python runs one thread at
+a time, so spreading quick requests over several threads only adds the cost of
+handing the interpreter lock between them (and, on SQLite, writers sleeping in
+the busy handler behind each other): one daphne process served both trivial
+requests and decisions faster on one thread than on four. So a new request
+goes to the first thread, unless that thread has been running one piece of
+work for longer than ``STALLED_AFTER`` (an export, a slow query, a database
+far away): then to the next thread that is not stuck, so one slow request
+does not hold up the others. A request keeps its thread to the end, as
+Django's thread-sensitive code expects. ``DJANGO_ASGI_THREADS`` sets how many
+threads there are at most (default 4; 0 serves the application as Django made
+it). With an asgiref too old to accept an executor (before 3.9) the
 application is served as Django made it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
 
+#: Seconds one piece of synchronous work may run before new requests go elsewhere.
+STALLED_AFTER = 0.02
+
+
+class _Lane(ThreadPoolExecutor):
+    """A one-thread executor that knows since when its current work has run."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self.busy = 0  # requests given this lane and not finished
+        self.running_since: float | None = None
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(self._timed, fn, *args, **kwargs)
+
+    def _timed(self, fn, *args, **kwargs):
+        self.running_since = time.monotonic()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.running_since = None
+
+    def stalled(self, now: float) -> bool:
+        since = self.running_since
+        return since is not None and now - since > STALLED_AFTER
+
 
 class PooledThreads:
-    """Wraps Django's ASGI application: each request on the least busy of a few threads."""
+    """Wraps Django's ASGI application: each request on the first thread that is not stuck."""
 
     def __init__(self, app, size: int) -> None:
         self.app = app
-        self.executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"django-sync-{i}")
-            for i in range(size)
-        ]
-        self.busy = [0] * size
+        self.lanes = [_Lane(f"django-sync-{i}") for i in range(size)]
 
     @classmethod
     def wrap(cls, app):
@@ -43,11 +75,19 @@ class PooledThreads:
         size = int(os.environ.get("DJANGO_ASGI_THREADS") or 4)
         return cls(app, size) if size > 0 else app
 
+    def choose(self) -> _Lane:
+        """The first lane not stuck in long work; if all are, the one with fewest requests."""
+        now = time.monotonic()
+        for lane in self.lanes:
+            if not lane.stalled(now):
+                return lane
+        return min(self.lanes, key=lambda lane: lane.busy)
+
     async def __call__(self, scope, receive, send):
-        index = min(range(len(self.busy)), key=self.busy.__getitem__)
-        self.busy[index] += 1
+        lane = self.choose()
+        lane.busy += 1
         try:
-            async with ThreadSensitiveContext(executor=self.executors[index]):
+            async with ThreadSensitiveContext(executor=lane):
                 await self.app(scope, receive, send)
         finally:
-            self.busy[index] -= 1
+            lane.busy -= 1
