@@ -95,3 +95,38 @@ def test_an_error_in_the_work_still_frees_the_lane():
     with pytest.raises(RuntimeError):
         asyncio.run(_request(pool))
     assert pool.lanes[0].running_since is None and pool.lanes[0].busy == 0
+
+
+def test_hot_lanes_share_the_requests_and_the_rest_wait_for_a_stall(monkeypatch):
+    monkeypatch.setattr(threads, "STALLED_AFTER", 0.05)
+    pool = PooledThreads(_app(_name), 4, hot=2)
+    gates = [threading.Event(), threading.Event()]
+
+    async def run():
+        slow = [asyncio.ensure_future(_request(pool, gate=gate)) for gate in gates]
+        await asyncio.sleep(0.01)
+        spread = {pool.lanes.index(pool.choose())}  # both hot lanes have one request
+        await asyncio.sleep(0.1)  # both hot lanes now stuck
+        quick = await asyncio.wait_for(_request(pool), 5)
+        for gate in gates:
+            gate.set()
+        return spread, quick, await asyncio.gather(*slow)
+
+    spread, quick, slow = asyncio.run(run())
+    assert {pair[0] for pair in slow} == {"django-sync-0_0", "django-sync-1_0"}
+    assert spread <= {0, 1}
+    assert quick == ("django-sync-2_0", "django-sync-2_0")
+
+
+def test_the_hot_lanes_default_by_database(monkeypatch):
+    from django.conf import settings
+
+    monkeypatch.delenv("DJANGO_ASGI_HOT_THREADS", raising=False)
+    monkeypatch.delenv("DJANGO_ASGI_THREADS", raising=False)
+    app = _app(_name)
+    monkeypatch.setattr(settings, "DATABASES", {"default": {"ENGINE": "x.sqlite3"}})
+    assert PooledThreads.wrap(app).hot == 1
+    monkeypatch.setattr(settings, "DATABASES", {"default": {"ENGINE": "x.postgresql"}})
+    assert PooledThreads.wrap(app).hot == 2
+    monkeypatch.setenv("DJANGO_ASGI_HOT_THREADS", "3")
+    assert PooledThreads.wrap(app).hot == 3

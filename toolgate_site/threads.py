@@ -36,6 +36,14 @@ from asgiref.sync import ThreadSensitiveContext
 STALLED_AFTER = 0.02
 
 
+def _hot_default() -> int:
+    """1 on SQLite (no round trips to wait on; one writer anyway), 2 on a database server."""
+    from django.conf import settings
+
+    engine = settings.DATABASES.get("default", {}).get("ENGINE", "")
+    return 1 if engine.endswith("sqlite3") else 2
+
+
 class _Lane(ThreadPoolExecutor):
     """A one-thread executor that knows since when its current work has run."""
 
@@ -62,9 +70,10 @@ class _Lane(ThreadPoolExecutor):
 class PooledThreads:
     """Wraps Django's ASGI application: each request on the first thread that is not stuck."""
 
-    def __init__(self, app, size: int) -> None:
+    def __init__(self, app, size: int, hot: int = 1) -> None:
         self.app = app
         self.lanes = [_Lane(f"django-sync-{i}") for i in range(size)]
+        self.hot = max(1, min(hot, size))
 
     @classmethod
     def wrap(cls, app):
@@ -73,12 +82,17 @@ class PooledThreads:
         except TypeError:  # asgiref < 3.9
             return app
         size = int(os.environ.get("DJANGO_ASGI_THREADS") or 4)
-        return cls(app, size) if size > 0 else app
+        hot = int(os.environ.get("DJANGO_ASGI_HOT_THREADS") or _hot_default())
+        return cls(app, size, hot) if size > 0 else app
 
     def choose(self) -> _Lane:
-        """The first lane not stuck in long work; if all are, the one with fewest requests."""
+        """The hot lane with fewest requests that is not stuck, else the first other
+        lane not stuck; if all are stuck, the one with fewest requests."""
         now = time.monotonic()
-        for lane in self.lanes:
+        hot = [lane for lane in self.lanes[: self.hot] if not lane.stalled(now)]
+        if hot:
+            return min(hot, key=lambda lane: lane.busy)
+        for lane in self.lanes[self.hot :]:
             if not lane.stalled(now):
                 return lane
         return min(self.lanes, key=lambda lane: lane.busy)
