@@ -88,14 +88,13 @@ def decide(
         raise ValueError("edited arguments go only with an allow")
     if not isinstance(approval_id, str) or not approval_id:
         return NOT_FOUND
-    reason = reason or ""
     now = timezone.now()
-    change = _Change(status, via, getattr(by, "pk", by), reason, now, remember)
+    change = _Change(status, via, getattr(by, "pk", by), reason or "", now, remember)
     owner = getattr(viewer, "pk", None)
+    alone = _alone(change)
     if edited_arguments is None and owner is not None and _one_statement():
         # The common case, a person answering their own agent's call, is one
         # statement: the update says whether it won and returns the row.
-        alone = _alone(change)
         with atomic_then([], atomic=not alone) as after:
             row = _update_own(approval_id, owner, session_id, change)
             if row is not None:
@@ -108,7 +107,6 @@ def decide(
     if row["status"] != Status.PENDING:
         return Outcome(False, row["status"], ALREADY_DECIDED, approval_id)
     edit = _checked_edit(row, edited_arguments) if edited_arguments is not None else None
-    alone = _alone(change)
     with atomic_then([], atomic=not alone) as after:
         changed = _conditional_update(row["pk"], change, edit)
         if changed:
