@@ -13,12 +13,14 @@ each connection's health before and after every request.
 a time, so spreading quick requests over several threads only adds the cost of
 handing the interpreter lock between them (and, on SQLite, writers sleeping in
 the busy handler behind each other): one daphne process served both trivial
-requests and decisions faster on one thread than on four. So a new request
-goes to the first thread, unless that thread has been running one piece of
-work for longer than ``STALLED_AFTER`` (an export, a slow query, a database
-far away): then to the next thread that is not stuck, so one slow request
-does not hold up the others. A request keeps its thread to the end, as
-Django's thread-sensitive code expects. ``DJANGO_ASGI_THREADS`` sets how many
+requests and decisions faster on one thread than on four. So new requests
+share the first thread on SQLite, and the first two on a database server
+(one can run while the other waits on a round trip; ``DJANGO_ASGI_HOT_THREADS``
+sets it), unless these have been running one piece of work for longer than
+``STALLED_AFTER`` (an export, a slow query): then a new request goes to the
+next thread that is not stuck, so one slow request does not hold up the
+others. A request keeps its thread to the end, as Django's thread-sensitive
+code expects. ``DJANGO_ASGI_THREADS`` sets how many
 threads there are at most (default 4; 0 serves the application as Django made
 it). With an asgiref too old to accept an executor (before 3.9) the
 application is served as Django made it.
@@ -68,7 +70,7 @@ class _Lane(ThreadPoolExecutor):
 
 
 class PooledThreads:
-    """Wraps Django's ASGI application: each request on the first thread that is not stuck."""
+    """Wraps Django's ASGI application: each request on a hot thread that is not stuck."""
 
     def __init__(self, app, size: int, hot: int = 1) -> None:
         self.app = app
