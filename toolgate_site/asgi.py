@@ -7,6 +7,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from toolgate_site import formparse
 from toolgate_site.threads import PooledThreads
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolgate_site.settings")
@@ -25,6 +26,8 @@ from approvals.security import OriginValidator  # noqa: E402
 # A serving process runs its listener from the start, not on first use: its outbox
 # worker sends the notifications other processes wrote (after a restart, too).
 get_listener()
+# Django parses request bodies; Twisted need not parse them first (see formparse).
+formparse.install()
 
 application = ProtocolTypeRouter(
     {
