@@ -5,7 +5,10 @@ Run: ``python bench/http_load.py`` (``--quick``, ``--clients N``, ``--calls N``,
 a temporary SQLite database; this process is the agent: it gates every call
 first (async waiters, one event loop), then 50 client threads, each on its own
 keep-alive connection with a signed-in session and CSRF token, POST
-``/api/inference/tool-confirm`` as fast as the server answers. Trivial GETs and
+``/api/inference/tool-confirm`` as fast as the server answers. The clients
+run in a process of their own (bench/_loadgen.py): sharing this process's
+interpreter lock with thousands of waking waiters would slow them in the
+decision rounds only. Trivial GETs and
 decisions alternate in three rounds of a third of the calls each, and each
 rate is the total over its rounds.
 
@@ -31,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -85,85 +87,33 @@ class Agent:
         self.woke[aid] = (time.monotonic(), answer)
 
 
+def _load(server, sessionid: str, clients: int, **job) -> dict:
+    """Run one round of HTTP load from bench/_loadgen.py, in a process of its own."""
+    job.update(port=server.port, origin=server.origin, sessionid=sessionid, clients=clients)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_loadgen.py"))],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    if result["failed"]:
+        failed, examples = result["failed"], result["failures"]
+        raise RuntimeError(f"{failed} {job['kind']} requests failed, e.g. {examples}")
+    return result
+
+
 def drive(server, sessionid: str, aids: list[str], clients: int) -> tuple[dict, list, float]:
-    """POST a decision for every id from ``clients`` threads; return send times, RTTs, seconds."""
-    from tests.procs import HttpClient
-
-    work: queue.Queue = queue.Queue()
-    for aid in aids:
-        work.put(aid)
-    sent: dict[str, float] = {}
-    rtts: list[float] = []
-    failures: list = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        http = HttpClient(server, sessionid)
-        try:
-            while True:
-                try:
-                    aid = work.get_nowait()
-                except queue.Empty:
-                    return
-                t0 = time.monotonic()
-                status, body = http.post_json(
-                    "/api/inference/tool-confirm", {"approval_id": aid, "decision": "allow"}
-                )
-                t1 = time.monotonic()
-                with lock:
-                    sent[aid] = t0
-                    rtts.append(t1 - t0)
-                    if status != 200:
-                        failures.append((status, body))
-        finally:
-            http.close()
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise RuntimeError(f"{len(failures)} decisions failed, e.g. {failures[:3]}")
-    return sent, rtts, time.monotonic() - start
+    """POST a decision for every id from ``clients`` connections; send times, RTTs, seconds."""
+    result = _load(server, sessionid, clients, kind="decide", ids=aids)
+    return result["sent"], result["rtts"], result["seconds"]
 
 
 def trivial(server, sessionid: str, count: int, clients: int) -> float:
-    """GET the trivial JSON view ``count`` times from ``clients`` threads; requests per second."""
-    import http.client
-
-    work: queue.Queue = queue.Queue()
-    for i in range(count):
-        work.put(i)
-    failures: list = []
-
-    def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        headers = {"Cookie": f"sessionid={sessionid}"}
-        try:
-            while True:
-                try:
-                    work.get_nowait()
-                except queue.Empty:
-                    return
-                conn.request("GET", "/bench/ping", headers=headers)
-                response = conn.getresponse()
-                response.read()
-                if response.status != 200:
-                    failures.append(response.status)
-        finally:
-            conn.close()
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise RuntimeError(f"{len(failures)} trivial requests failed, e.g. {failures[:3]}")
-    return count / (time.monotonic() - start)
+    """GET the trivial JSON view ``count`` times from ``clients`` connections; requests/s."""
+    return count / _load(server, sessionid, clients, kind="trivial", count=count)["seconds"]
 
 
 def run_mode(
