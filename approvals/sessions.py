@@ -10,19 +10,38 @@ statement (:mod:`approvals.sessionuser`; ``approvals.backends.ModelBackend``
 takes it, one round trip fewer). A subclass that returns another model from
 ``get_model_class`` keeps working; a model spread over several tables is read
 through the ORM as before.
+
+Decoding checks the session data's signature (two SHA-256 hashes and an HMAC)
+before it parses the JSON. The same signed string under the same secret keys
+always decodes to the same data, so a process keeps the last ``MAX_DECODED``
+results of small sessions whose values are all plain (strings, numbers,
+booleans, ``None``: a signed-in session is), keyed by the store's class, the
+secret keys and the whole signed string; each load gets a copy of its own.
+A string that fails its check is never kept, and changing ``SECRET_KEY`` or
+``SECRET_KEY_FALLBACKS`` changes the key.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.sessions.backends import db
 from django.core.exceptions import SuspiciousOperation
 from django.db import router
 from django.utils import timezone
 
 from . import keyread, sessionuser
+
+#: Decoded sessions kept by this process (the oldest goes first).
+MAX_DECODED = 4096
+#: Longer signed strings are decoded every time.
+MAX_KEPT_LENGTH = 2048
+_PLAIN = (str, int, float, bool, type(None))
+_decoded: dict[tuple, dict] = {}
+_lock = threading.Lock()
 
 
 class SessionStore(db.SessionStore):
@@ -36,6 +55,21 @@ class SessionStore(db.SessionStore):
     async def aload(self):
         data = await super().aload()
         sessionuser.remember(self.session_key, data)
+        return data
+
+    def decode(self, session_data):
+        if not isinstance(session_data, str) or len(session_data) > MAX_KEPT_LENGTH:
+            return super().decode(session_data)
+        key = (type(self), settings.SECRET_KEY, tuple(settings.SECRET_KEY_FALLBACKS), session_data)
+        kept = _decoded.get(key)
+        if kept is not None:
+            return dict(kept)
+        data = super().decode(session_data)
+        if data and isinstance(data, dict) and all(type(v) in _PLAIN for v in data.values()):
+            with _lock:
+                while len(_decoded) >= MAX_DECODED:
+                    del _decoded[next(iter(_decoded))]
+                _decoded[key] = dict(data)
         return data
 
     def _get_session_from_db(self):

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals import keyread
+from approvals import sessions as sessions_module
 from approvals.agentkeys import create_key
 from approvals.backends import ModelBackend
 from approvals.models import AgentKey, Approval
@@ -166,3 +167,44 @@ def test_a_password_change_signs_other_sessions_out(client, django_user_model):
     alice.set_password("new")
     alice.save()
     assert client.get("/api/inference/tool-approvals").status_code in (401, 403)
+
+
+# -- decoding kept per signed string --------------------------------------------
+
+
+def _signed(data: dict) -> str:
+    return SessionStore().encode(data)
+
+
+def test_a_decoded_session_is_kept_and_each_load_gets_its_own_copy(monkeypatch):
+    from django.core import signing
+
+    calls = []
+    loads = signing.loads
+    monkeypatch.setattr(signing, "loads", lambda *a, **k: calls.append(1) or loads(*a, **k))
+    text = _signed({SESSION_KEY: "7", "n": 1})
+    first, second = SessionStore().decode(text), SessionStore().decode(text)
+    assert first == second == {SESSION_KEY: "7", "n": 1} and len(calls) == 1
+    first["n"] = 2
+    assert SessionStore().decode(text)["n"] == 1
+    nested = _signed({"list": [1, 2]})  # values that could change in place are not kept
+    SessionStore().decode(nested)["list"].append(3)
+    assert SessionStore().decode(nested) == {"list": [1, 2]} and len(calls) == 3
+
+
+def test_a_tampered_session_is_empty_and_never_kept():
+    text = _signed({SESSION_KEY: "7"})
+    tampered = text[:-1] + ("A" if text[-1] != "A" else "B")
+    assert SessionStore().decode(tampered) == {}
+    assert not [key for key in sessions_module._decoded if key[-1] == tampered]
+
+
+def test_new_secret_keys_decode_again(settings):
+    text = _signed({SESSION_KEY: "7"})
+    assert SessionStore().decode(text) == {SESSION_KEY: "7"}
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY = "another-secret-key-" + "x" * 40
+    settings.SECRET_KEY_FALLBACKS = [old]
+    assert SessionStore().decode(text) == {SESSION_KEY: "7"}  # signed with a fallback
+    settings.SECRET_KEY_FALLBACKS = []
+    assert SessionStore().decode(text) == {}  # the old key is retired: signed out
