@@ -207,30 +207,44 @@ def _update_own(
 
 def _update_sql(change: _Change, edit: dict | None, where: list[tuple[str, Any]]):
     """The conditional update's SQL and parameters, matching the ``where`` fields."""
-    ops = connection.ops
     meta = Approval._meta
-    col = _columns(connection)
-    when = ops.adapt_datetimefield_value(change.now)
+    when = connection.ops.adapt_datetimefield_value(change.now)
     # Keys go through their fields, so UUID and other key types are stored and
     # compared the way this backend stores them.
-    sets = ["status", "decided_via", "decided_by", "reason", "decided_at"]
     by_value = meta.get_field("decided_by").get_db_prep_save(change.by_id, connection)
     params = [change.status, change.via, by_value, change.reason, when]
     if edit is not None:
-        sets.append("edited_arguments")
         params.append(meta.get_field("edited_arguments").get_db_prep_save(edit, connection))
-    conditions = []
     for name, value in where:
         field = meta.pk if name == "pk" else meta.get_field(name)
-        conditions.append(f"{col[name]} = %s")
         params.append(field.get_db_prep_save(value, connection))
-    conditions.append(f"{col['status']} = %s")
     params.append(Status.PENDING)
     if change.before_deadline:
-        conditions.append(f"{col['expires_at']} > %s")
         params.append(when)
-    assignments = ", ".join(f"{col[name]} = %s" for name in sets)
-    return f"UPDATE {col['']} SET {assignments} WHERE {' AND '.join(conditions)}", params
+    shape = (connection.vendor, edit is not None, tuple(name for name, _ in where))
+    sql = _update_text(*shape, change.before_deadline)
+    return sql, params
+
+
+_texts: dict[tuple, str] = {}
+
+
+def _update_text(vendor: str, edited: bool, where: tuple[str, ...], deadline: bool) -> str:
+    """The update's text for one shape, composed once (the parameters follow its order)."""
+    key = (vendor, edited, where, deadline)
+    text = _texts.get(key)
+    if text is None:
+        col = _columns(connection)
+        sets = ["status", "decided_via", "decided_by", "reason", "decided_at"]
+        if edited:
+            sets.append("edited_arguments")
+        conditions = [f"{col[name]} = %s" for name in (*where, "status")]
+        if deadline:
+            conditions.append(f"{col['expires_at']} > %s")
+        assignments = ", ".join(f"{col[name]} = %s" for name in sets)
+        text = f"UPDATE {col['']} SET {assignments} WHERE {' AND '.join(conditions)}"
+        _texts[key] = text
+    return text
 
 
 _quoted: dict[str, dict[str, str]] = {}
