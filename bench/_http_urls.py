@@ -1,8 +1,21 @@
-"""The site's routes plus ``/bench/ping`` (see bench/_http_settings.py)."""
+"""The site's routes plus the benchmark's own views (see bench/_http_settings.py).
+
+``/bench/ping`` answers ``{"ok": true}`` without touching the session, the user
+or the database (bench/http_load.py's trivial request). The others add one part
+of a decision at a time, for bench/request_parts.py: ``/bench/user`` reads the
+session and the user; ``/bench/post`` reads and parses a JSON body, without a
+session; ``/bench/signed-post`` is a JSON POST through the decision endpoint's
+own decorator (signed in, CSRF checked, body bounded and parsed), deciding
+nothing.
+"""
+
+import json
 
 from django.http import JsonResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
+from approvals.jsonapi import json_endpoint, read_body
 from toolgate_site.urls import urlpatterns as site_patterns
 
 
@@ -10,4 +23,26 @@ def ping(request):
     return JsonResponse({"ok": True})
 
 
-urlpatterns = [path("bench/ping", ping), *site_patterns]
+def user(request):
+    return JsonResponse({"ok": request.user.is_authenticated})
+
+
+@csrf_exempt
+def post(request):
+    json.loads(request.body)
+    return JsonResponse({"ok": True})
+
+
+@json_endpoint("POST", csrf=True)
+def signed_post(request):
+    json.loads(read_body(request))
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("bench/ping", ping),
+    path("bench/user", user),
+    path("bench/post", post),
+    path("bench/signed-post", signed_post),
+    *site_patterns,
+]

@@ -7,7 +7,9 @@ so a busy agent does not slow the clients down in the decision rounds only,
 and what is measured is the server.
 
 Job: ``{"port", "origin", "sessionid", "clients", "kind": "trivial"|"decide",
-"count"}`` (trivial) or ``"ids"`` (decide). Each client holds one keep-alive
+"count"}`` (trivial) or ``"ids"`` (decide); ``"path"`` and ``"method"`` send
+another request ``count`` times instead of the trivial GET (a POST carries a
+small JSON body). Each client holds one keep-alive
 connection, opened before the clock starts. Result: ``{"seconds", "sent":
 {approval_id: monotonic time sent}, "rtts": [...], "failures": [...]}``.
 ``time.monotonic`` is the system's monotonic clock, so the benchmark process
@@ -62,8 +64,12 @@ def run(job: dict) -> dict:
                 if job["kind"] == "decide":
                     body = json.dumps({"approval_id": item, "decision": "allow"})
                     conn.request("POST", DECIDE_PATH, body=body, headers=headers)
+                elif job.get("method", "GET") == "POST":
+                    body = json.dumps({"approval_id": "x" * 22, "decision": "allow"})
+                    conn.request("POST", job["path"], body=body, headers=headers)
                 else:
-                    conn.request("GET", TRIVIAL_PATH, headers={"Cookie": cookie})
+                    path = job.get("path", TRIVIAL_PATH)
+                    conn.request("GET", path, headers={"Cookie": cookie})
                 response = conn.getresponse()
                 payload = response.read()
                 t1 = time.monotonic()

@@ -1,0 +1,150 @@
+"""Where an HTTP decision's time goes: daphne's CPU per request, part by part, by thread.
+
+Run: ``python bench/request_parts.py`` (``--calls N`` per kind and round,
+``--rounds N``). One daphne process serves the site on a temporary SQLite
+database, as in bench/http_load.py; 50 clients in a process of their own
+(bench/_loadgen.py) send, in turn, the trivial GET and then requests that add
+one part of a decision at a time:
+
+* ``ping``: ``GET /bench/ping``, nothing read (http_load's trivial request);
+* ``user``: ``GET /bench/user``, the session and the user read;
+* ``post``: ``POST /bench/post``, a JSON body read and parsed, no session;
+* ``signed-post``: ``POST /bench/signed-post`` through the decision endpoint's
+  decorator: signed in, CSRF checked, body bounded and parsed, nothing decided;
+* ``decide``: ``POST /api/inference/tool-confirm``, a real decision.
+
+For each: requests per second, and daphne's CPU per request split between the
+event loop's thread (HTTP, ASGI, Django's handler and its hand-offs to
+threads) and the request threads (sync middleware, the view, the database),
+read from ``/proc/<pid>/task/*/stat`` before and after each round (Linux only).
+Before each kind's clock starts, the server gets half a second and 100
+untimed trivial requests, so that what one kind leaves behind (its garbage to
+collect, say) is not charged to the next. Medians over the rounds. The
+figures show which part of a decision costs what, next to a trivial request
+in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, child_env, figure, report, setup_django  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+MS = 1000.0
+KINDS = {
+    "ping": ("GET", "/bench/ping"),
+    "user": ("GET", "/bench/user"),
+    "post": ("POST", "/bench/post"),
+    "signed-post": ("POST", "/bench/signed-post"),
+    "decide": ("POST", None),
+}
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid``'s main thread (the event loop) and of all its other threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = other = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = raw[raw.rindex(")") + 2 :].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if tid == str(pid):
+            main += seconds
+        else:
+            other += seconds
+    return main, other
+
+
+def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from http_load import Agent, _load
+
+    from tests.procs import start_daphne, wait_ready
+
+    user = get_user_model().objects.create_user(f"parts-{os.getpid()}")
+    web = Client()
+    web.force_login(user)
+    sessionid = web.cookies["sessionid"].value
+    env = child_env(os.environ["DATABASE_URL"])
+    env["DJANGO_SETTINGS_MODULE"] = "bench._http_settings"
+    env.pop("REDIS_URL", None)
+    server = wait_ready(start_daphne(env))
+    agent = Agent()
+    samples: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in KINDS}
+    try:
+        _load(server, sessionid, clients, kind="trivial", count=200)  # warm up
+        for _ in range(rounds):
+            for kind, (method, path) in KINDS.items():
+                job: dict = {"kind": "trivial", "count": calls, "method": method, "path": path}
+                if path is None:
+                    job = {"kind": "decide", "ids": agent.gate(calls, user)}
+                # What the previous kind left the server to do (collecting its garbage,
+                # say) is done before this kind's clock starts, not charged to it.
+                time.sleep(0.5)
+                _load(server, sessionid, clients, kind="trivial", count=100)
+                main0, other0 = thread_cpu(server.proc.pid)
+                seconds = _load(server, sessionid, clients, **job)["seconds"]
+                main1, other1 = thread_cpu(server.proc.pid)
+                samples[kind].append(
+                    (calls / seconds, (main1 - main0) / calls, (other1 - other0) / calls)
+                )
+    finally:
+        server.stop()
+    return {
+        kind: {
+            "rate": statistics.median(s[0] for s in rows),
+            "loop_ms": statistics.median(s[1] for s in rows) * MS,
+            "threads_ms": statistics.median(s[2] for s in rows) * MS,
+        }
+        for kind, rows in samples.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls")
+    parser.add_argument("--calls", type=int, default=None, help="requests per kind and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=50)
+    opts = parser.parse_args()
+    calls = opts.calls or (300 if opts.quick else 1500)
+    os.environ.pop("REDIS_URL", None)
+    os.environ.setdefault("TOOLGATE_GROUP_PREFIX", f"parts{os.getpid()}")
+    setup_django()
+    parts = measure(calls, opts.rounds, opts.clients)
+    figures = {}
+    for kind, r in parts.items():
+        key = kind.replace("-", "_")
+        figures[f"{key}_per_s"] = figure(r["rate"], "/s", f"{kind}: requests/s")
+        figures[f"{key}_loop_cpu_ms"] = figure(
+            r["loop_ms"], "ms", f"{kind}: daphne CPU per request, event loop thread"
+        )
+        figures[f"{key}_threads_cpu_ms"] = figure(
+            r["threads_ms"], "ms", f"{kind}: daphne CPU per request, request threads"
+        )
+    share = parts["decide"]["rate"] / parts["ping"]["rate"] * 100
+    figures["decide_share"] = figure(share, "%", "decide: requests/s as a share of ping's")
+    report(
+        "request parts",
+        figures,
+        [
+            f"{calls} requests per kind and round, {opts.rounds} rounds (medians), "
+            f"{opts.clients} clients, one daphne process, SQLite, no Redis",
+            f"load average {os.getloadavg()[0]:.1f} at the end",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
