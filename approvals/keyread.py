@@ -88,12 +88,7 @@ def get(model: type, using: str, key: str, value: Any, later: tuple[str, Any] | 
     """
     statement = _statement(model, using, key, later[0] if later else None)
     connection = connections[using]
-    params = [_prepared(statement.key, value, connection)]
-    if later is not None:
-        params.append(_prepared(statement.later, later[1], connection))
-    with connection.cursor() as cursor:
-        cursor.execute(statement.sql, params)
-        found = cursor.fetchone()
+    found = _fetch(statement, connection, [], value, later)
     if found is None:
         return None
     values = converted(found, statement.columns, connection)
@@ -119,13 +114,8 @@ def get_joined(
     statement = _statement(model, using, key, later[0] if later else None, other)
     joined = statement.joined
     connection = connections[using]
-    params = [_prepared(joined.key, other_pk, connection)]
-    params.append(_prepared(statement.key, value, connection))
-    if later is not None:
-        params.append(_prepared(statement.later, later[1], connection))
-    with connection.cursor() as cursor:
-        cursor.execute(statement.sql, params)
-        found = cursor.fetchone()
+    first = [_prepared(joined.key, other_pk, connection)]  # the join's, before the WHERE's
+    found = _fetch(statement, connection, first, value, later)
     if found is None:
         return None, NOT_READ
     width = len(statement.names)
@@ -151,6 +141,16 @@ def converted(found: tuple, columns: list, connection: Any) -> list:
             value = convert(value, expression, connection)
         values.append(value)
     return values
+
+
+def _fetch(statement: _Statement, connection: Any, params: list, value: Any, later) -> Any:
+    """Run ``statement`` with ``params`` then the key's and ``later``'s; its one row or None."""
+    params = [*params, _prepared(statement.key, value, connection)]
+    if later is not None:
+        params.append(_prepared(statement.later, later[1], connection))
+    with connection.cursor() as cursor:
+        cursor.execute(statement.sql, params)
+        return cursor.fetchone()
 
 
 def _prepared(field: Any, value: Any, connection: Any) -> Any:
