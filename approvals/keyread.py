@@ -165,35 +165,16 @@ def _statement(
     built = _built.get(cache_key)
     if built is None:
         with _lock:
-            built = _built.get(cache_key)
-            if built is None:
-                built = _compose(model, connections[using], key, later)
-                if other is not None:
-                    built = _join(built, model, other, connections[using])
+            built = _built.get(cache_key) or _compose(model, connections[using], key, later, other)
             _built[cache_key] = built
     return built
 
 
-def _join(first: _Statement, model: type, other: type, connection: Any) -> _Statement:
-    """``first`` with ``other``'s columns, ``LEFT JOIN``-ed on its primary key = a parameter."""
-    quote = connection.ops.quote_name
-    table, other_table = model._meta.db_table, other._meta.db_table
-    if table == other_table:
-        raise ValueError("a model cannot be joined with itself")
-    part = _compose(other, connection, "pk", None)
-    fields = other._meta.concrete_fields
-    selected = ", ".join(f"{quote(other_table)}.{quote(f.column)}" for f in fields)
-    head, _, where = first.sql.partition(" WHERE ")
-    select, _, from_ = head.partition(f" FROM {quote(table)}")
-    on = f"{quote(other_table)}.{quote(other._meta.pk.column)} = %s"
-    sql = (
-        f"{select}, {selected} FROM {quote(table)}{from_} "
-        f"LEFT JOIN {quote(other_table)} ON {on} WHERE {where}"
-    )
-    return _Statement(sql, first.names, first.columns, first.key, first.later, part)
-
-
-def _compose(model: type, connection: Any, key: str, later: str | None) -> _Statement:
+def _compose(
+    model: type, connection: Any, key: str, later: str | None, other: type | None = None
+) -> _Statement:
+    """The statement; with ``other``, its columns follow, ``LEFT JOIN``-ed on its
+    primary key = a parameter that comes before the ``WHERE``'s."""
     meta = model._meta
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
@@ -201,10 +182,25 @@ def _compose(model: type, connection: Any, key: str, later: str | None) -> _Stat
     if not key_field.unique:
         raise ValueError(f"{meta.label}.{key_field.name} is not unique")
     columns = [column(f.get_col(meta.db_table), connection) for f in meta.concrete_fields]
-    selected = ", ".join(f"{table}.{quote(f.column)}" for f in meta.concrete_fields)
-    sql = f"SELECT {selected} FROM {table} WHERE {table}.{quote(key_field.column)} = %s"
+    selected = _selected(meta, quote)
+    source = table
+    joined = None
+    if other is not None:
+        if other._meta.db_table == meta.db_table:
+            raise ValueError("a model cannot be joined with itself")
+        joined = _compose(other, connection, "pk", None)
+        other_table = quote(other._meta.db_table)
+        selected += ", " + _selected(other._meta, quote)
+        on = f"{other_table}.{quote(other._meta.pk.column)} = %s"
+        source += f" LEFT JOIN {other_table} ON {on}"
+    sql = f"SELECT {selected} FROM {source} WHERE {table}.{quote(key_field.column)} = %s"
     later_field = meta.get_field(later) if later is not None else None
     if later_field is not None:
         sql += f" AND {table}.{quote(later_field.column)} > %s"
     names = [field.attname for field in meta.concrete_fields]
-    return _Statement(sql, names, columns, key_field, later_field)
+    return _Statement(sql, names, columns, key_field, later_field, joined)
+
+
+def _selected(meta: Any, quote: Callable[[str], str]) -> str:
+    table = quote(meta.db_table)
+    return ", ".join(f"{table}.{quote(f.column)}" for f in meta.concrete_fields)
