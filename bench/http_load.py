@@ -24,7 +24,8 @@ watchers, with ``--redis`` through the channel layer).
 After the SQLite run, the same run again with the server reading sessions and
 users through Django's own session engine and ``ModelBackend``: the baseline
 for the site's ``approvals.sessions`` and ``approvals.backends``, measured in
-the same invocation.
+the same invocation; and once more served by Django's own ASGI handler
+(``DJANGO_ASGI_ONE_HOP=0``): the baseline for ``toolgate_site.onehop``.
 """
 
 from __future__ import annotations
@@ -117,13 +118,20 @@ def trivial(server, sessionid: str, count: int, clients: int) -> float:
 
 
 def run_mode(
-    label: str, redis_url: str | None, calls: int, clients: int, django_auth: bool = False
+    label: str,
+    redis_url: str | None,
+    calls: int,
+    clients: int,
+    django_auth: bool = False,
+    django_handler: bool = False,
 ) -> dict:
     """One server, one agent, ``calls`` decisions; the figures for this mode.
 
     ``django_auth``: the server reads sessions and users with Django's own
     session engine and ``ModelBackend`` (the baseline for the site's
-    ``approvals.sessions`` and ``approvals.backends``).
+    ``approvals.sessions`` and ``approvals.backends``). ``django_handler``: it
+    serves requests with Django's own ASGI handler (``DJANGO_ASGI_ONE_HOP=0``),
+    the baseline for ``toolgate_site.onehop``.
     """
     from django.contrib.auth import get_user_model
     from django.test import Client
@@ -137,6 +145,8 @@ def run_mode(
     env["DJANGO_SETTINGS_MODULE"] = "bench._http_settings"  # adds /bench/ping
     if django_auth:
         env["TOOLGATE_BENCH_DJANGO_AUTH"] = "1"
+    if django_handler:
+        env["DJANGO_ASGI_ONE_HOP"] = "0"
     env.pop("REDIS_URL", None)
     if redis_url:
         env["REDIS_URL"] = redis_url
@@ -246,6 +256,27 @@ def baseline_figures(r: dict) -> dict:
     }
 
 
+def handler_figures(plain: dict, ours: dict, db: str = "SQLite", prefix: str = "") -> dict:
+    """The same run served by Django's own ASGI handler, and the speed-ups."""
+    where = f"{db}, Django's own ASGI handler"
+    return {
+        f"{prefix}djangohandler_decisions_per_s": figure(
+            plain["rate"], "/s", f"decisions/s ({where})"
+        ),
+        f"{prefix}djangohandler_trivial_per_s": figure(
+            plain["ping_rate"], "/s", f"trivial JSON GETs/s ({where})"
+        ),
+        f"{prefix}onehop_decision_speedup": figure(
+            ours["rate"] / plain["rate"], "x", f"decisions/s, one hand-off / Django's ({db})"
+        ),
+        f"{prefix}onehop_trivial_speedup": figure(
+            ours["ping_rate"] / plain["ping_rate"],
+            "x",
+            f"trivial GETs/s, one hand-off / Django's ({db})",
+        ),
+    }
+
+
 def postgresql_part(base_url: str, calls: int, clients: int) -> None:
     """The PostgreSQL mode, in a process of its own (Django is set up once per process):
     a throwaway database, no Redis; prints its figures as one JSON line."""
@@ -258,7 +289,10 @@ def postgresql_part(base_url: str, calls: int, clients: int) -> None:
     try:
         setup_django(_with_database(base_url, name))
         r = run_mode("postgresql", None, calls, clients)
-        print(json.dumps(mode_figures("postgresql", "PostgreSQL, no Redis", r)))
+        figures = mode_figures("postgresql", "PostgreSQL, no Redis", r)
+        plain = run_mode("pghandler", None, calls, clients, django_handler=True)
+        figures.update(handler_figures(plain, r, "PostgreSQL", "postgresql_"))
+        print(json.dumps(figures))
     finally:
         from django.db import connections
 
@@ -298,6 +332,8 @@ def main() -> None:
             if label == "sqlite":
                 base = run_mode("djangoauth", None, calls, opts.clients, django_auth=True)
                 figures.update(baseline_figures(base))
+                plain = run_mode("djangohandler", None, calls, opts.clients, django_handler=True)
+                figures.update(handler_figures(plain, r))
         notes = [
             f"{calls} calls gated in this process, then decided by {opts.clients} concurrent "
             "keep-alive HTTP clients against one daphne process",

@@ -5,14 +5,22 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+from django.core.handlers.asgi import ASGIHandler
 
 from toolgate_site import formparse
+from toolgate_site.onehop import OneHopASGIHandler
 from toolgate_site.threads import PooledThreads
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolgate_site.settings")
 # Set up Django (and the app registry) before anything imports models.
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+# A synchronous view's request in one thread hand-off (see onehop);
+# DJANGO_ASGI_ONE_HOP=0 serves it with Django's own handler.
+if os.environ.get("DJANGO_ASGI_ONE_HOP", "1") == "0":
+    django_asgi_app = ASGIHandler()
+else:
+    django_asgi_app = OneHopASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
