@@ -4,8 +4,9 @@ Under ASGI, Django builds its middleware chain in async mode. Middleware
 written the classic way (``MiddlewareMixin``: all of Django's own) then runs
 each ``process_request``, ``process_view`` and ``process_response`` through a
 ``sync_to_async`` of its own: with this site's middleware and a synchronous
-view, about fourteen hand-offs between the event loop and a request thread
-per request, each a future, a queue, a wake-up and the interpreter lock
+view, 16 or 17 hand-offs between the event loop and a request thread per
+request (3 here, with the ``request_started`` and ``request_finished``
+receivers), each a future, a queue, a wake-up and the interpreter lock
 changing hands. On one daphne process those hand-offs cost more than
 everything else a trivial request does (bench/request_parts.py).
 
