@@ -38,6 +38,12 @@ def test_recheck_survives_a_failing_pass_and_a_failing_cleanup(monkeypatch):
     monkeypatch.setattr(listener_module, "close_old_connections", cleanup_fails)
     listener._kick.set()
     try:
+        # First the failing pass (a pass already running when the patch went in
+        # could otherwise find the decision below before any pass failed).
+        deadline = time.monotonic() + 5
+        while not failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert failures == ["database gone"]
         # Decided as another process would: the row changes, nothing is announced here.
         Approval.objects.filter(approval_id=aid).update(
             status="allowed", decided_via="api", decided_at=timezone.now()
