@@ -64,19 +64,6 @@ def _collected_static():
         storage.staticfiles_storage._wrapped = empty  # reload the new manifest
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _stop_listener_after_each_module():
-    """A listener an earlier module started must not run its re-check into the next
-    module's tests: while a test has no database access, pytest-django refuses its
-    thread's queries midway through a pass, and the SQLite connection it leaves in a
-    transaction holds the write lock (a later test saw "database is locked"). Each
-    module starts its own when it needs one."""
-    yield
-    from approvals import listener
-
-    listener.shutdown()
-
-
 @pytest.fixture(autouse=True)
 def _fresh_rule_cache():
     """Rules an earlier test cached (then rolled back or flushed) must not answer this
