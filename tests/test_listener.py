@@ -59,6 +59,8 @@ def test_only_tasks_that_judge_leases_renew_the_lease_first(monkeypatch):
     """A lease written to the database wakes every other process's SQLite watcher, so
     a periodic task (reminders, every 2 s) does not renew it; the sweep, which judges
     calls by their process's lease, still does, even when the row went missing."""
+    # This process's own listener would run the patched tasks too, from its thread.
+    listener_module.shutdown()
     ran = []
     tasks = {
         "quiet": listenhooks._Periodic(lambda: 0.01, lambda: ran.append("quiet")),
