@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
 
 import pytest
 from asgiref.sync import markcoroutinefunction
 from django.core.handlers.asgi import ASGIHandler
+from django.core.signals import request_finished, request_started
+from django.http import HttpResponse, StreamingHttpResponse
 from django.test import override_settings
+from django.urls import path
 
 from toolgate_site.onehop import OneHopASGIHandler
 from toolgate_site.threads import PooledThreads
@@ -29,8 +33,10 @@ class AsyncOnly:
         return await self.get_response(request)
 
 
-def _serve(app, method: str, path: str, body: bytes = b"", headers=()):
-    """One request through the ASGI ``app``: (status, headers dict, body)."""
+def _serve(app, method: str, path: str, body: bytes = b"", headers=(), send=None):
+    """One request through the ASGI ``app``: (status, headers dict, body).
+
+    ``send``: an ASGI send of the caller's instead (then the answer is ``None``)."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -53,10 +59,13 @@ def _serve(app, method: str, path: str, body: bytes = b"", headers=()):
             return messages.pop(0)
         await asyncio.sleep(3600)
 
-    async def send(message):
+    async def record(message):
         sent.append(message)
 
-    asyncio.run(app(scope, receive, send))
+    if send is not None:
+        asyncio.run(app(scope, receive, send))
+        return None
+    asyncio.run(app(scope, receive, record))
     start = next(m for m in sent if m["type"] == "http.response.start")
     content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, content
@@ -86,10 +95,100 @@ def test_a_synchronous_view_is_served_in_one_hand_off_not_one_per_middleware():
     one_hop = _hand_offs(OneHopASGIHandler(), "GET", "/accounts/login/")
     django = _hand_offs(ASGIHandler(), "GET", "/accounts/login/")
     # request_started's receivers, the middleware chain with the view, and the
-    # response's close (request_finished): three, where Django's chain hands
-    # each middleware's process_request/process_response over on its own.
-    assert one_hop == 3
+    # response's close (request_finished) in one, where Django's chain hands
+    # each of them and each middleware's process_request/process_response over
+    # on its own.
+    assert one_hop == 1
     assert django >= 10
+
+
+def _streamed(request):
+    return StreamingHttpResponse(iter([b"one,", b"two"]), content_type="text/csv")
+
+
+def _plain(request):
+    return HttpResponse(b"plain")
+
+
+urlpatterns = [path("streamed", _streamed), path("plain", _plain)]
+
+
+@contextmanager
+def _signals_seen():
+    """(name, sender) of every request_started / request_finished sent meanwhile."""
+    seen: list[tuple[str, type]] = []
+
+    def started(sender, **kwargs):
+        seen.append(("started", sender))
+
+    def finished(sender, **kwargs):
+        seen.append(("finished", sender))
+
+    request_started.connect(started)
+    request_finished.connect(finished)
+    try:
+        yield seen
+    finally:
+        request_started.disconnect(started)
+        request_finished.disconnect(finished)
+
+
+@override_settings(ROOT_URLCONF=__name__)
+@pytest.mark.parametrize("path_", ["/plain", "/streamed"])
+def test_request_signals_and_streamed_bodies_as_with_djangos_handler(path_):
+    with _signals_seen() as ours:
+        answer = _serve(OneHopASGIHandler(), "GET", path_)
+    with _signals_seen() as theirs:
+        expected = _serve(ASGIHandler(), "GET", path_)
+    assert answer[0] == expected[0] == 200
+    assert answer[2] == expected[2] == (b"plain" if path_ == "/plain" else b"one,two")
+    # Each once, started first, sent by the handler's class, as Django does.
+    assert [name for name, _ in ours] == [name for name, _ in theirs] == ["started", "finished"]
+    assert {sender for _, sender in ours} == {OneHopASGIHandler}
+
+
+def test_streamed_response_is_closed_after_its_body_is_sent():
+    order: list[str] = []
+    handler = OneHopASGIHandler()
+
+    def finished(sender, **kwargs):
+        order.append("finished")
+
+    request_finished.connect(finished)
+    try:
+        with override_settings(ROOT_URLCONF=__name__):
+            scope_send = _recording_send(order)
+            _serve(handler, "GET", "/streamed", send=scope_send)
+    finally:
+        request_finished.disconnect(finished)
+    assert order[-1] == "finished"
+    assert order.count("body") >= 1 and order.index("finished") > order.index("body")
+
+
+def _recording_send(order: list[str]):
+    async def send(message):
+        order.append("body" if message["type"] == "http.response.body" else "start")
+
+    return send
+
+
+def test_an_answer_the_client_no_longer_waits_for_is_dropped():
+    # ASGI servers may raise OSError when sending on a closed connection.
+    async def gone(message):
+        raise ConnectionResetError("client went away")
+
+    with _signals_seen() as seen, override_settings(ROOT_URLCONF=__name__):
+        _serve(OneHopASGIHandler(), "GET", "/plain", send=gone)
+    assert [name for name, _ in seen] == ["started", "finished"]
+
+
+def test_one_hop_answers_follow_the_urlconf():
+    handler = OneHopASGIHandler()
+    assert handler.one_hop("/api/inference/tool-confirm")
+    assert not handler.one_hop("/plain")
+    with override_settings(ROOT_URLCONF=__name__):
+        assert handler.one_hop("/plain")
+        assert not handler.one_hop("/api/inference/tool-confirm")
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,15 @@ written the classic way (``MiddlewareMixin``: all of Django's own) then runs
 each ``process_request``, ``process_view`` and ``process_response`` through a
 ``sync_to_async`` of its own: with this site's middleware and a synchronous
 view, 16 or 17 hand-offs between the event loop and a request thread per
-request (3 here, with the ``request_started`` and ``request_finished``
-receivers), each a future, a queue, a wake-up and the interpreter lock
+request, each a future, a queue, a wake-up and the interpreter lock
 changing hands. On one daphne process those hand-offs cost more than
 everything else a trivial request does (bench/request_parts.py).
 
 :class:`OneHopASGIHandler` keeps a second chain of the same middleware, built
 in sync mode as Django builds it under WSGI, and runs it with the view in one
-``sync_to_async`` call when the path resolves to a synchronous view. Django's
+``sync_to_async`` call when the path resolves to a synchronous view; the
+``request_started`` and ``request_finished`` receivers run in that same call
+(Django hands each over on its own), so such a request is one hand-off. Django's
 own async chain still serves everything else: async views, paths no view
 matches, and the static files. The middleware are the same classes in the
 same order, so every check (sessions, CSRF, authentication, security headers)
@@ -32,14 +33,18 @@ from urllib.parse import urlparse
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured, MiddlewareNotUsed
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import ImproperlyConfigured, MiddlewareNotUsed, RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.core.handlers.exception import convert_exception_to_response
-from django.urls import Resolver404, get_resolver
+from django.http import FileResponse
+from django.urls import Resolver404, get_resolver, set_script_prefix
 from django.utils.module_loading import import_string
 
 SERVESTATIC = "servestatic.middleware.ServeStaticMiddleware"
+#: How many paths' answers :meth:`OneHopASGIHandler.one_hop` keeps (then it starts over).
+PATHS_KEPT = 2048
 
 
 class OneHopASGIHandler(ASGIHandler):
@@ -49,6 +54,7 @@ class OneHopASGIHandler(ASGIHandler):
         super().__init__()
         paths, self.async_prefixes = _sync_middleware(list(settings.MIDDLEWARE))
         self.sync_handler: BaseHandler | None = None
+        self._paths: dict[tuple, bool] = {}
         if paths is not None:
             self.sync_handler = BaseHandler()
             _load_sync(self.sync_handler, paths)
@@ -57,17 +63,74 @@ class OneHopASGIHandler(ASGIHandler):
         """Whether ``path`` is served by the sync chain (a synchronous view)."""
         if self.sync_handler is None or path.startswith(self.async_prefixes):
             return False
+        resolver = get_resolver()
+        key = (resolver, path)
+        known = self._paths.get(key)
+        if known is None:
+            try:
+                known = not iscoroutinefunction(resolver.resolve(path).func)
+            except Resolver404:
+                known = False
+            if len(self._paths) >= PATHS_KEPT:
+                self._paths.clear()
+            self._paths[key] = known
+        return known
+
+    async def handle(self, scope, receive, send):
+        """Serve a synchronous view's request with one hand-off; the rest as Django does.
+
+        In the one hand-off, in Django's order: ``request_started``, the request
+        object, the middleware and the view, and (for a response that is not
+        streamed) ``response.close()``, which sends ``request_finished``. The
+        event loop then only writes the answer. A streamed response is closed
+        after its body is sent, as Django does. Django also listens for the
+        client going away meanwhile, to cancel an async view; a synchronous view
+        runs to its end either way, so here an answer nobody waits for any more
+        is dropped.
+        """
+        if not self.one_hop(_path_info(scope)):
+            return await super().handle(scope, receive, send)
         try:
-            match = get_resolver().resolve(path)
-        except Resolver404:
-            return False
-        return not iscoroutinefunction(match.func)
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            set_script_prefix(get_script_prefix(scope))
+            response = await sync_to_async(self._serve, thread_sensitive=True)(scope, body_file)
+            try:
+                await self.send_response(response, send)
+            except OSError:
+                pass  # the client went away (ASGI servers may say so this way)
+            finally:
+                if response.streaming:
+                    await sync_to_async(response.close)()
+        finally:
+            body_file.close()
+
+    def _serve(self, scope, body_file):
+        """The request thread's part of :meth:`handle`: the response to send."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self.sync_handler.get_response(request)
+            response._handler_class = self.__class__
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()  # its content is in memory; this sends request_finished
+        return response
 
     async def get_response_async(self, request):
         if not self.one_hop(request.path_info):
             return await super().get_response_async(request)
         get_response = self.sync_handler.get_response
         return await sync_to_async(get_response, thread_sensitive=True)(request)
+
+
+def _path_info(scope: dict) -> str:
+    """The request's ``path_info``, as ``ASGIRequest`` derives it from the scope."""
+    script = get_script_prefix(scope)
+    return scope["path"].removeprefix(script) if script else scope["path"]
 
 
 def _sync_middleware(paths: list[str]) -> tuple[list[str] | None, tuple[str, ...]]:
