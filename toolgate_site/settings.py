@@ -131,6 +131,9 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": BASE_DIR / "db.sqlite3",
+            # Kept between requests, as with DATABASE_URL: opening one (and its
+            # PRAGMAs) cost about 0.25 ms of every request.
+            "CONN_MAX_AGE": 60,
         }
     }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
