@@ -314,8 +314,17 @@ class Listener:
 
 
 def _drop_connection() -> None:
+    """Close this thread's connection after a failed pass, whatever state it is in.
+
+    Each step on its own: ``close_old_connections`` may itself fail on a
+    connection in a bad state, and the close must still happen, or a
+    transaction left open (holding SQLite's write lock) would outlive the pass.
+    """
     try:
         close_old_connections()
+    except Exception:
+        pass
+    try:
         connection.close()
     except Exception:
         pass

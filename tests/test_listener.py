@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -81,3 +83,29 @@ def test_only_tasks_that_judge_leases_renew_the_lease_first(monkeypatch):
     listener.recheck()
     assert ran == ["quiet", "judge"]
     assert ProcessLease.objects.get(key=listener.key).heartbeat_at > old
+
+
+def test_a_failed_pass_closes_its_connection_even_when_the_cleanup_check_fails(monkeypatch):
+    # After a failed pass the listener closes its thread's connection. Checking the
+    # connection first (close_old_connections) can itself fail, as it does when
+    # database access is refused outright; the close must happen all the same, or
+    # a transaction left open would keep SQLite's write lock past the pass.
+    connection.ensure_connection()
+    sqlite = connection.vendor == "sqlite"
+    if sqlite:
+        connection.cursor().execute("BEGIN IMMEDIATE")  # a pass stopped midway
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Database access not allowed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(type(connections["default"]), "ensure_connection", refused)
+        listener_module._drop_connection()
+    assert connection.connection is None
+    if sqlite:  # the write lock is free: another connection writes at once
+        other = sqlite3.connect(connection.settings_dict["NAME"], timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.rollback()
+        finally:
+            other.close()
