@@ -53,6 +53,10 @@ COLUMNS = (
     "decided_at",
     "expires_at",
     "waiter",
+    # NOT NULL without a database default (added by issue 13's migration).
+    "description",
+    "editable",
+    "execution_summary",
 )
 
 
@@ -85,6 +89,9 @@ def _rows(n: int, user_ids: list[int], now: datetime):
             _stamp(created),
             None if pending else _stamp(created + timedelta(seconds=rng.randrange(1, 600))),
             _stamp(created + timedelta(hours=1) if not pending else now + timedelta(hours=1)),
+            "",
+            "",
+            False,
             "",
         )
 
