@@ -16,7 +16,10 @@ one part of a decision at a time:
 For each: requests per second, and daphne's CPU per request split between the
 event loop's thread (HTTP, ASGI, Django's handler and its hand-offs to
 threads) and the request threads (sync middleware, the view, the database),
-read from ``/proc/<pid>/task/*/stat`` before and after each round (Linux only).
+read from ``/proc/<pid>/task/*/stat`` before and after each round (Linux only),
+and daphne's context switches per request (``/proc/<pid>/task/*/status``):
+each database statement lets the interpreter lock change hands, and each
+change is a switch or two.
 Before each kind's clock starts, the server gets half a second and 100
 untimed trivial requests, so that what one kind leaves behind (its garbage to
 collect, say) is not charged to the next. Medians over the rounds. The
@@ -47,22 +50,30 @@ KINDS = {
 }
 
 
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of ``pid``'s main thread (the event loop) and of all its other threads."""
+def thread_counts(pid: int) -> tuple[float, float, int, int]:
+    """CPU seconds of ``pid``'s main thread (the event loop) and of all its other
+    threads, then their context switches (voluntary and not), from ``/proc``."""
     tick = os.sysconf("SC_CLK_TCK")
     main = other = 0.0
+    main_sw = other_sw = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:
             continue  # the thread ended meanwhile
         fields = raw[raw.rindex(")") + 2 :].split()
         seconds = (int(fields[11]) + int(fields[12])) / tick
+        switches = sum(
+            int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line
+        )
         if tid == str(pid):
             main += seconds
+            main_sw += switches
         else:
             other += seconds
-    return main, other
+            other_sw += switches
+    return main, other, main_sw, other_sw
 
 
 def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]]:
@@ -81,7 +92,7 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
     env.pop("REDIS_URL", None)
     server = wait_ready(start_daphne(env))
     agent = Agent()
-    samples: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in KINDS}
+    samples: dict[str, list[tuple[float, ...]]] = {kind: [] for kind in KINDS}
     try:
         _load(server, sessionid, clients, kind="trivial", count=200)  # warm up
         for _ in range(rounds):
@@ -93,12 +104,11 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
                 # say) is done before this kind's clock starts, not charged to it.
                 time.sleep(0.5)
                 _load(server, sessionid, clients, kind="trivial", count=100)
-                main0, other0 = thread_cpu(server.proc.pid)
+                before = thread_counts(server.proc.pid)
                 seconds = _load(server, sessionid, clients, **job)["seconds"]
-                main1, other1 = thread_cpu(server.proc.pid)
-                samples[kind].append(
-                    (calls / seconds, (main1 - main0) / calls, (other1 - other0) / calls)
-                )
+                after = thread_counts(server.proc.pid)
+                per_call = [(a - b) / calls for a, b in zip(after, before, strict=True)]
+                samples[kind].append((calls / seconds, *per_call))
     finally:
         server.stop()
     return {
@@ -106,6 +116,7 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
             "rate": statistics.median(s[0] for s in rows),
             "loop_ms": statistics.median(s[1] for s in rows) * MS,
             "threads_ms": statistics.median(s[2] for s in rows) * MS,
+            "switches": statistics.median(s[3] + s[4] for s in rows),
         }
         for kind, rows in samples.items()
     }
@@ -132,6 +143,9 @@ def main() -> None:
         )
         figures[f"{key}_threads_cpu_ms"] = figure(
             r["threads_ms"], "ms", f"{kind}: daphne CPU per request, request threads"
+        )
+        figures[f"{key}_switches"] = figure(
+            r["switches"], "", f"{kind}: daphne context switches per request, all threads"
         )
     share = parts["decide"]["rate"] / parts["ping"]["rate"] * 100
     figures["decide_share"] = figure(share, "%", "decide: requests/s as a share of ping's")
