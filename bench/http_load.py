@@ -357,13 +357,26 @@ def main() -> None:
 def _profiled(pid: int, name: str | None):
     """With ``TOOLGATE_BENCH_PROFILE=DIR``, py-spy records daphne meanwhile (raw stacks,
     ``DIR/<name>.txt``): where a decision's time goes, next to a trivial request's.
-    Only the first round is recorded (``name`` is None for the others)."""
+    Only the first round is recorded (``name`` is None for the others).
+    ``TOOLGATE_BENCH_PROFILE_FLAGS`` replaces py-spy's ``--gil`` (say
+    ``--threads``, to see every thread that is not idle, by name)."""
     out_dir = os.environ.get("TOOLGATE_BENCH_PROFILE")
     if not out_dir or not name:
         yield
         return
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    cmd = ["py-spy", "record", "--gil", "-p", str(pid), "-r", "250", "-f", "raw", "-o"]
+    cmd = [
+        "py-spy",
+        "record",
+        *os.environ.get("TOOLGATE_BENCH_PROFILE_FLAGS", "--gil").split(),
+        "-p",
+        str(pid),
+        "-r",
+        "250",
+        "-f",
+        "raw",
+        "-o",
+    ]
     spy = subprocess.Popen([*cmd, f"{out_dir}/{name}.txt"], stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     try:
