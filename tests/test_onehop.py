@@ -163,8 +163,7 @@ def test_streamed_response_is_closed_after_its_body_is_sent():
     request_finished.connect(finished)
     try:
         with override_settings(ROOT_URLCONF=__name__):
-            scope_send = _recording_send(order)
-            _serve(handler, "GET", "/streamed", send=scope_send)
+            _serve(handler, "GET", "/streamed", send=_recording_send(order))
     finally:
         request_finished.disconnect(finished)
     assert order[-1] == "finished"
