@@ -120,12 +120,6 @@ class OneHopASGIHandler(ASGIHandler):
             response.close()  # its content is in memory; this sends request_finished
         return response
 
-    async def get_response_async(self, request):
-        if not self.one_hop(request.path_info):
-            return await super().get_response_async(request)
-        get_response = self.sync_handler.get_response
-        return await sync_to_async(get_response, thread_sensitive=True)(request)
-
 
 def _path_info(scope: dict) -> str:
     """The request's ``path_info``, as ``ASGIRequest`` derives it from the scope."""
