@@ -8,6 +8,13 @@ on the same Redis (see :func:`own_layer_instance`). Messages leave in the
 order they were handed over. After Redis restarts, the link reconnects and
 subscribes again by itself, and group membership is renewed periodically for
 layers that forget groups; meanwhile the database re-check carries events.
+
+Messages handed over while a send is under way leave together, as one
+``approvals.batch`` message (at most ``BATCH_MAX``): under a burst of
+decisions a process publishes, and every process (itself included: pub/sub
+echoes) decodes, one message per batch instead of one per event, and the
+link's thread wakes once per batch. A lone message leaves as it is, so that
+an idle process sends exactly what it did before batching existed.
 """
 
 from __future__ import annotations
@@ -15,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -33,6 +41,10 @@ GROUP_REFRESH = 10.0
 READ_TIMEOUT = 15.0
 #: The longest :meth:`LayerLink.start` waits for the first group join.
 JOIN_WAIT = 2.0
+#: The type of a message that carries several, in order, under ``"messages"``.
+BATCH_TYPE = "approvals.batch"
+#: The most messages one batch carries.
+BATCH_MAX = 100
 
 
 class LayerLink:
@@ -51,7 +63,12 @@ class LayerLink:
         self.channel: str | None = None
         self.sent = 0
         self.received = 0
-        self._outbox: asyncio.Queue | None = None
+        #: Marks this link's own batches, so their echo is dropped undecoded.
+        self.token = secrets.token_hex(8)
+        self._pending: list[dict] = []
+        self._pending_lock = threading.Lock()
+        self._wake_scheduled = False
+        self._ready: asyncio.Event | None = None
         self._joined = threading.Event()
         self._stopping = False
         self._send_failing = False
@@ -86,38 +103,71 @@ class LayerLink:
     # -- sending ---------------------------------------------------------
     def send(self, message: dict) -> None:
         """Queue ``message`` for the group; returns at once, from any thread."""
-        loop, outbox = self.loop, self._outbox
-        if loop is None or outbox is None or loop.is_closed():
+        loop, ready = self.loop, self._ready
+        if loop is None or ready is None or loop.is_closed():
             return
+        with self._pending_lock:
+            self._pending.append(message)
+            if self._wake_scheduled:
+                return  # the link's thread is told already; it takes this one too
+            self._wake_scheduled = True
         try:
-            loop.call_soon_threadsafe(outbox.put_nowait, message)
+            loop.call_soon_threadsafe(ready.set)
         except RuntimeError:  # the loop is closing
             pass
 
+    def _take(self) -> list[dict]:
+        with self._pending_lock:
+            taken, self._pending = self._pending, []
+            self._wake_scheduled = False
+        return taken
+
     async def _send_forever(self) -> None:
         while True:
-            message = await self._outbox.get()
-            try:
-                await self.layer.group_send(self.group, message)
-                self.sent += 1
-                if self._send_failing:
-                    self._send_failing = False
-                    logger.warning("approvals: channel layer sends work again")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database re-check carries it instead
-                if not self._send_failing:
-                    self._send_failing = True
-                    logger.warning(
-                        "approvals: channel layer send failed (%s); the re-check covers", exc
-                    )
+            await self._ready.wait()
+            self._ready.clear()
+            taken = self._take()
+            for start in range(0, len(taken), BATCH_MAX):
+                chunk = taken[start : start + BATCH_MAX]
+                if len(chunk) == 1:
+                    await self._send_one(chunk[0], 1)
+                else:
+                    batch = {"type": BATCH_TYPE, "link": self.token, "messages": chunk}
+                    await self._send_one(batch, len(chunk))
+
+    async def _send_one(self, message: dict, count: int) -> None:
+        try:
+            await self.layer.group_send(self.group, message)
+            self.sent += count
+            if self._send_failing:
+                self._send_failing = False
+                logger.warning("approvals: channel layer sends work again")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the database re-check carries it instead
+            if not self._send_failing:
+                self._send_failing = True
+                logger.warning(
+                    "approvals: channel layer send failed (%s); the re-check covers", exc
+                )
+
+    def _unpack(self, message: dict) -> Iterator[dict]:
+        """The messages ``message`` carries: itself, or a batch's, none from our own batch."""
+        if message.get("type") != BATCH_TYPE:
+            yield message
+            return
+        if message.get("link") == self.token:
+            return
+        inner = message.get("messages")
+        if isinstance(inner, list):
+            yield from (one for one in inner if isinstance(one, dict))
 
     # -- receiving -------------------------------------------------------
     def _run(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop
-        self._outbox = asyncio.Queue()
+        self._ready = asyncio.Event()
         tasks = [
             loop.create_task(self._send_forever()),
             loop.create_task(self._receive_forever()),
@@ -152,11 +202,12 @@ class LayerLink:
                 backoff = 0.1
                 while True:
                     message = await self.layer.receive(channel)
-                    self.received += 1
-                    try:
-                        self.on_message(message)
-                    except Exception:
-                        logger.exception("approvals: handling a layer message failed")
+                    for one in self._unpack(message):
+                        self.received += 1
+                        try:
+                            self.on_message(one)
+                        except Exception:
+                            logger.exception("approvals: handling a layer message failed")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
