@@ -25,6 +25,13 @@ _HOLE_SECONDS = 30.0
 #: that jumped) is not waited for, so a pass never carries a long id list.
 _HOLES_MAX = 256
 _DECIDED_OVERLAP = timedelta(seconds=10)
+#: How far back a quick look reaches (the passes a database watcher asks for,
+#: up to one per commit): rows decided lately are read whole, and reading ten
+#: seconds of them on every commit costs a busy process more than its decisions.
+#: A commit later than this after its ``decided_at`` (a long wait for SQLite's
+#: write lock, a bulk action) is found by the next full look, within
+#: ``RECHECK_INTERVAL``.
+_QUICK_OVERLAP = timedelta(seconds=0.25)
 _START_OVERLAP = timedelta(seconds=5)
 
 
@@ -49,6 +56,25 @@ def _read_decided(approval_ids: list[str]) -> list[dict]:
         qs = Approval.objects.filter(approval_id__in=approval_ids[start : start + 500])
         events.extend(decision_events(qs.exclude(status=Status.PENDING).order_by()))
     return events
+
+
+def _decided_since(when) -> list[tuple[str, str]]:
+    """``(approval_id, status)`` of the rows decided at or after ``when``.
+
+    A plain statement, as it runs up to once per commit: building the queryset
+    cost more than the look itself. No ordering: the model's default
+    (-created_at) would turn this indexed range into a sort of the whole table.
+    """
+    quote = connection.ops.quote_name
+    meta = Approval._meta
+    column = {name: quote(meta.get_field(name).column) for name in ("approval_id", "status")}
+    sql = (
+        f"SELECT {column['approval_id']}, {column['status']} FROM {quote(meta.db_table)} "
+        f"WHERE {quote(meta.get_field('decided_at').column)} >= %s AND {column['status']} <> %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [connection.ops.adapt_datetimefield_value(when), Status.PENDING])
+        return cursor.fetchall()
 
 
 def _decided_ids(chunk: list[str]) -> list[str]:
@@ -130,26 +156,22 @@ class DatabaseTail:
         self.holes = {pk: t for pk, t in self.holes.items() if now - t < _HOLE_SECONDS}
         return out
 
-    def poll_decided(self, known: Callable[[str, str], bool]) -> list[dict]:
+    def poll_decided(self, known: Callable[[str, str], bool], *, full: bool = True) -> list[dict]:
         """``tool_decision`` events for rows decided lately that ``known`` has not seen.
 
-        ``decided_at`` is set before commit, so each look reaches back
-        ``_DECIDED_OVERLAP``; a first light query finds what is new, and only
-        that is read in full.
+        ``decided_at`` is set before commit, so each look reaches back before
+        the last one: ``_DECIDED_OVERLAP`` for a ``full`` look, ``_QUICK_OVERLAP``
+        for a quick one. A first light query finds what is new, and only that is
+        read in full.
         """
         mark = timezone.now()
         if self.decided_mark is None:
             self.decided_mark = mark - _START_OVERLAP
-        # No ordering: the model's default (-created_at) would turn this indexed
-        # range into a sort of the whole table.
-        recent = (
-            Approval.objects.filter(decided_at__gte=self.decided_mark - _DECIDED_OVERLAP)
-            .exclude(status=Status.PENDING)
-            .order_by()
-        )
+            full = True
+        overlap = _DECIDED_OVERLAP if full else _QUICK_OVERLAP
         new = [
             aid
-            for aid, status in recent.values_list("approval_id", "status")
+            for aid, status in _decided_since(self.decided_mark - overlap)
             if not known(aid, status)
         ]
         self.decided_mark = mark

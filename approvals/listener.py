@@ -71,6 +71,7 @@ class Listener:
         self._last_heartbeat = 0.0
         self._last_run: dict[str, float] = {}
         self._last_full_check = time.monotonic()
+        self._last_full_tail = 0.0
         self._threads: list[threading.Thread] = []
         self._companions: list[Any] = []
         self._watcher: Watcher | None = None
@@ -272,7 +273,12 @@ class Listener:
             # Rows decided lately (an indexed range, not one look-up per waiter),
             # then, now and then, every waiting id: the net under the net, for a
             # decision committed later than the tail's overlap allows.
-            for event in self._tail.poll_decided(self._is_known_final):
+            # A pass a watcher kicked looks back a moment; one a RECHECK_INTERVAL
+            # looks back the whole overlap (dbtail._DECIDED_OVERLAP).
+            full = now - self._last_full_tail >= float(setting("RECHECK_INTERVAL"))
+            if full:
+                self._last_full_tail = now
+            for event in self._tail.poll_decided(self._is_known_final, full=full):
                 self.deliver(event)
             if waiting and now - self._last_full_check >= _FULL_CHECK_SECONDS:
                 self._last_full_check = now

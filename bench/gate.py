@@ -254,8 +254,9 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     # every waiting id (every 30 s): a shorter one would include it or not by luck.
     idle = 5.0 if args.quick else 30.0
     warm_up()
-    ws = wake_sync(n)
-    wa = asyncio.run(_wake_async(n))
+    with RecheckPasses() as passes:
+        ws = wake_sync(n)
+        wa = asyncio.run(_wake_async(n))
     cs = cancel_sync(ncancel)
     ce = asyncio.run(_cancel_async(ncancel, "event"))
     ct = asyncio.run(_cancel_async(ncancel, "task"))
@@ -268,6 +269,7 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     _forget_pending()
     th = run_child("threads", database_url, idle, waiters=5_000, cancels=200)
     f = latency_figures(ws, wa, cs, ce, ct, parts) | idle_figures(tg, th, cs + ce + ct)
+    f |= passes.figures(2 * n)
     for python in args.also_python:
         other = run_child("toolgate", database_url, idle, python=python, waiters=10_000)
         _forget_pending()
@@ -283,6 +285,46 @@ def run(args: argparse.Namespace, database_url: str) -> None:
         "(RECHECK_INTERVAL 1 s; the full check of every waiting id runs every 30 s)",
     ]
     report("gate", f, notes)
+
+
+class RecheckPasses:
+    """Counts the listener's re-check passes meanwhile, and the CPU each takes.
+
+    This process commits its own decisions, and the database watcher cannot
+    tell them from another process's: it asks for a pass per commit, which
+    competes with the waking waiter for the interpreter lock.
+    """
+
+    def __enter__(self):
+        from approvals.listener import Listener
+
+        self.count, self.cpu = 0, 0.0
+        self._real = real = Listener.recheck
+
+        def counted(listener):
+            started = time.thread_time()
+            try:
+                return real(listener)
+            finally:
+                self.count += 1
+                self.cpu += time.thread_time() - started
+
+        Listener.recheck = counted
+        return self
+
+    def __exit__(self, *exc):
+        from approvals.listener import Listener
+
+        Listener.recheck = self._real
+
+    def figures(self, trials: int) -> dict:
+        per_pass = self.cpu / self.count * 1000 if self.count else None
+        return {
+            "recheck_passes": figure(
+                self.count / trials, "", "re-check passes per wake trial (watcher kicks)"
+            ),
+            "recheck_cpu_ms": figure(per_pass, "ms", "CPU per re-check pass during the trials"),
+        }
 
 
 def other_python_figures(python: str, tg: dict) -> dict:

@@ -109,3 +109,29 @@ def test_a_failed_pass_closes_its_connection_even_when_the_cleanup_check_fails(m
             other.rollback()
         finally:
             other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kicked_passes_look_quickly_and_one_per_interval_looks_back_the_whole_overlap(settings):
+    """The database watcher kicks a pass per commit; only one pass per
+    RECHECK_INTERVAL reads the whole overlap (a busy process would otherwise read
+    ten seconds of decisions on every commit)."""
+    from approvals.waiting import Slot
+
+    settings.APPROVALS = {"RECHECK_INTERVAL": 0.5}
+    lis = Listener()  # not started: passes run here, one at a time
+    lis.register(Slot("waiting-id"))
+    looks: list[bool] = []
+    real = lis._tail.poll_decided
+
+    def recording(known, *, full=True):
+        looks.append(full)
+        return real(known, full=full)
+
+    lis._tail.poll_decided = recording
+    for _ in range(5):
+        lis.recheck()
+    time.sleep(0.6)
+    lis.recheck()
+    lis.recheck()
+    assert looks == [True, False, False, False, False, True, False]

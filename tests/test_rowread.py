@@ -113,3 +113,72 @@ def test_decided_among_many_waiting_ids_reads_only_the_decided(rows, django_asse
     with django_assert_num_queries(2):
         assert decided_among(waiting[:1000]) == []
     assert decided_among([]) == []
+
+
+# -- the tail's quick and full looks -------------------------------------------------
+
+
+def _decided(aid: str, when) -> None:
+    Approval.objects.create(
+        approval_id=aid,
+        session_id="tail",
+        tool_name="t",
+        status=Status.ALLOWED,
+        decided_via=Via.API,
+        decided_at=when,
+        expires_at=when + timedelta(hours=1),
+    )
+
+
+def test_a_quick_look_reaches_back_a_moment_and_a_full_look_the_whole_overlap():
+    """A decision committed long after its ``decided_at`` (a long wait for the write
+    lock) is left to the full look; the quick looks a watcher asks for, up to one per
+    commit, read only the rows decided since just before the last look."""
+    from approvals import dbtail
+
+    tail = dbtail.DatabaseTail()
+    seen: list[str] = []
+
+    def known(aid, status):
+        return aid in seen
+
+    def look(full):
+        found = [event["approval_id"] for event in tail.poll_decided(known, full=full)]
+        seen.extend(found)
+        return found
+
+    assert look(full=True) == []  # the first look (full whatever is asked)
+    now = timezone.now()
+    _decided("late-commit", now - timedelta(seconds=2))  # decided 2 s ago, visible only now
+    _decided("fresh", now)
+    assert look(full=False) == ["fresh"]
+    assert look(full=True) == ["late-commit"]
+    assert look(full=True) == []  # each once
+    assert dbtail._QUICK_OVERLAP < timedelta(seconds=1) < dbtail._DECIDED_OVERLAP
+
+
+def test_a_quick_look_reads_only_its_moment():
+    """What a quick look costs follows the decisions of its moment, not of ten seconds."""
+    from approvals import dbtail
+
+    tail = dbtail.DatabaseTail()
+    tail.poll_decided(lambda aid, status: False)
+    now = timezone.now()
+    for i in range(30):
+        _decided(f"older-{i}", now - timedelta(seconds=5))
+    rows = {}
+    for full in (False, True):
+        before = dbtail._decided_since
+
+        def counting(when, before=before, full=full):
+            rows[full] = before(when)
+            return rows[full]
+
+        dbtail._decided_since = counting
+        try:
+            tail.decided_mark = now
+            tail.poll_decided(lambda aid, status: True, full=full)
+        finally:
+            dbtail._decided_since = before
+    assert len(rows[False]) == 0
+    assert len(rows[True]) == 30
