@@ -65,30 +65,30 @@ def _decided_since(when) -> list[tuple[str, str]]:
     cost more than the look itself. No ordering: the model's default
     (-created_at) would turn this indexed range into a sort of the whole table.
     """
-    quote = connection.ops.quote_name
-    meta = Approval._meta
-    column = {name: quote(meta.get_field(name).column) for name in ("approval_id", "status")}
-    sql = (
-        f"SELECT {column['approval_id']}, {column['status']} FROM {quote(meta.db_table)} "
-        f"WHERE {quote(meta.get_field('decided_at').column)} >= %s AND {column['status']} <> %s"
-    )
+    table, aid, status, decided_at = _names()
+    sql = f"SELECT {aid}, {status} FROM {table} WHERE {decided_at} >= %s AND {status} <> %s"
     with connection.cursor() as cursor:
         cursor.execute(sql, [connection.ops.adapt_datetimefield_value(when), Status.PENDING])
         return cursor.fetchall()
 
 
 def _decided_ids(chunk: list[str]) -> list[str]:
-    quote = connection.ops.quote_name
-    meta = Approval._meta
-    column = quote(meta.get_field("approval_id").column)
+    table, aid, status, _ = _names()
     marks = ", ".join(["%s"] * len(chunk))
-    sql = (
-        f"SELECT {column} FROM {quote(meta.db_table)} WHERE {column} IN ({marks}) "
-        f"AND {quote(meta.get_field('status').column)} <> %s"
-    )
+    sql = f"SELECT {aid} FROM {table} WHERE {aid} IN ({marks}) AND {status} <> %s"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*chunk, Status.PENDING])
         return [row[0] for row in cursor.fetchall()]
+
+
+def _names() -> tuple[str, str, str, str]:
+    """The table and its ``approval_id``, ``status`` and ``decided_at`` columns, quoted."""
+    quote = connection.ops.quote_name
+    meta = Approval._meta
+    columns = (
+        quote(meta.get_field(name).column) for name in ("approval_id", "status", "decided_at")
+    )
+    return (quote(meta.db_table), *columns)
 
 
 def decision_events(qs) -> list[dict]:

@@ -157,7 +157,7 @@ def test_a_quick_look_reaches_back_a_moment_and_a_full_look_the_whole_overlap():
     assert dbtail._QUICK_OVERLAP < timedelta(seconds=1) < dbtail._DECIDED_OVERLAP
 
 
-def test_a_quick_look_reads_only_its_moment():
+def test_a_quick_look_reads_only_its_moment(monkeypatch):
     """What a quick look costs follows the decisions of its moment, not of ten seconds."""
     from approvals import dbtail
 
@@ -166,19 +166,10 @@ def test_a_quick_look_reads_only_its_moment():
     now = timezone.now()
     for i in range(30):
         _decided(f"older-{i}", now - timedelta(seconds=5))
-    rows = {}
+    read: list[int] = []
+    real = dbtail._decided_since
+    monkeypatch.setattr(dbtail, "_decided_since", lambda when: read.append(len(real(when))) or [])
     for full in (False, True):
-        before = dbtail._decided_since
-
-        def counting(when, before=before, full=full):
-            rows[full] = before(when)
-            return rows[full]
-
-        dbtail._decided_since = counting
-        try:
-            tail.decided_mark = now
-            tail.poll_decided(lambda aid, status: True, full=full)
-        finally:
-            dbtail._decided_since = before
-    assert len(rows[False]) == 0
-    assert len(rows[True]) == 30
+        tail.decided_mark = now
+        tail.poll_decided(lambda aid, status: True, full=full)
+    assert read == [0, 30]  # quick, then full
