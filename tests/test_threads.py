@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 
 from toolgate_site import threads
 from toolgate_site.threads import PooledThreads
@@ -130,3 +131,99 @@ def test_the_hot_lanes_default_by_database(monkeypatch):
     assert PooledThreads.wrap(app).hot == 2
     monkeypatch.setenv("DJANGO_ASGI_HOT_THREADS", "3")
     assert PooledThreads.wrap(app).hot == 3
+
+
+def _ticking(seconds):
+    """A sync piece of work of ``seconds``, and a loop ticker: how many times the event
+    loop ran while the work ran."""
+    ticks = []
+
+    def work(scope):
+        start = len(ticks)
+        time.sleep(seconds)
+        return len(ticks) - start
+
+    async def ticker(stop):
+        while not stop.is_set():
+            ticks.append(1)
+            await asyncio.sleep(0)
+
+    return work, ticker
+
+
+def _run_with_ticker(pool, ticker):
+    async def run():
+        stop = asyncio.Event()
+        ticking = asyncio.ensure_future(ticker(stop))
+        await asyncio.sleep(0)
+        try:
+            return await asyncio.wait_for(_request(pool), 10)
+        finally:
+            stop.set()
+            await ticking
+
+    return asyncio.run(run())
+
+
+def test_the_loop_waits_for_short_work_on_a_request_thread():
+    work, ticker = _ticking(0.02)
+    waited = PooledThreads(_app(work), 2, hot=1, loop_wait_ms=1000)
+    assert _run_with_ticker(waited, ticker) == (0, 0)  # the loop did not run meanwhile
+    work, ticker = _ticking(0.02)
+    free = PooledThreads(_app(work), 2, hot=1, loop_wait_ms=0)
+    assert free.loop_wait is None
+    assert min(_run_with_ticker(free, ticker)) > 0
+
+
+def test_the_loop_waits_no_longer_than_its_budget():
+    work, ticker = _ticking(0.5)
+    pool = PooledThreads(_app(work), 2, hot=1, loop_wait_ms=20)
+    assert min(_run_with_ticker(pool, ticker)) > 0  # the loop ran again within the work
+
+
+def test_a_hand_off_to_the_loop_ends_the_wait():
+    """async_to_sync in the work needs the loop: it is not kept waiting for the budget."""
+
+    async def on_the_loop():
+        await asyncio.sleep(0)
+        return threading.current_thread().name
+
+    def work(scope):
+        return async_to_sync(on_the_loop)()
+
+    pool = PooledThreads(_app(work), 2, hot=1, loop_wait_ms=60_000)
+    started = time.monotonic()
+    assert asyncio.run(asyncio.wait_for(_request(pool), 30)) == ("MainThread", "MainThread")
+    assert time.monotonic() - started < 20  # far below the 60 s budget
+
+
+def test_only_the_loops_own_thread_waits():
+    pool = PooledThreads(_app(_name), 2, hot=1, loop_wait_ms=60_000)
+    asyncio.run(_request(pool))  # joins that loop
+    gate = threading.Event()
+    submitted = threading.Event()
+
+    def from_a_plain_thread():
+        pool.lanes[0].submit(gate.wait, 30)
+        submitted.set()
+
+    helper = threading.Thread(target=from_a_plain_thread)
+    helper.start()
+    assert submitted.wait(10)  # returned while the work still waits on the gate
+    gate.set()
+    helper.join(10)
+
+
+def test_the_loop_wait_defaults_by_hot_threads(monkeypatch):
+    monkeypatch.delenv("DJANGO_ASGI_LOOP_WAIT_MS", raising=False)
+    monkeypatch.delenv("DJANGO_ASGI_THREADS", raising=False)
+    app = _app(_name)
+    monkeypatch.setenv("DJANGO_ASGI_HOT_THREADS", "1")
+    assert PooledThreads.wrap(app).loop_wait.seconds == threads.LOOP_WAIT_MS / 1000
+    monkeypatch.setenv("DJANGO_ASGI_HOT_THREADS", "2")
+    assert PooledThreads.wrap(app).loop_wait is None
+    monkeypatch.setenv("DJANGO_ASGI_LOOP_WAIT_MS", "3")
+    assert PooledThreads.wrap(app).loop_wait.seconds == 0.003
+    monkeypatch.setenv("DJANGO_ASGI_HOT_THREADS", "1")
+    monkeypatch.setenv("DJANGO_ASGI_LOOP_WAIT_MS", "0")
+    assert PooledThreads.wrap(app).loop_wait is None

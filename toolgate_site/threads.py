@@ -24,18 +24,38 @@ code expects. ``DJANGO_ASGI_THREADS`` sets how many
 threads there are at most (default 4; 0 serves the application as Django made
 it). With an asgiref too old to accept an executor (before 3.9) the
 application is served as Django made it.
+
+**With one hot thread, the event loop waits for it, briefly.** While a request
+thread works, the event loop's thread wants the interpreter lock too (to read
+the next requests), and takes it each time the request thread lets it go: in
+every database statement, twice. Each change of hands is a context switch or
+two, and on one daphne process they cost more than a decision's own work
+(bench/request_parts.py). With one hot thread there is nothing for the loop
+to hand the next request to meanwhile, so when the loop's thread hands a
+piece of synchronous work to a request thread, it waits for that work to
+finish, up to ``DJANGO_ASGI_LOOP_WAIT_MS`` (default 5 with one hot thread,
+0, never, with more), before it goes back to the loop; work that runs longer
+is awaited as before. The wait also ends at once when another thread hands
+the loop something to do (``call_soon_threadsafe``: an ``async_to_sync`` in a
+view, an event for a WebSocket), so nothing in the loop waits for the whole
+of it. Network input waits meanwhile, as it would for the interpreter lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
 
 #: Seconds one piece of synchronous work may run before new requests go elsewhere.
 STALLED_AFTER = 0.02
+#: Milliseconds the loop waits for a request thread by default, with one hot thread.
+LOOP_WAIT_MS = 5
 
 
 def _hot_default() -> int:
@@ -46,15 +66,69 @@ def _hot_default() -> int:
     return 1 if engine.endswith("sqlite3") else 2
 
 
+class LoopWait:
+    """The event loop's thread waiting for work it handed to a request thread: until
+    the work is done, another thread hands the loop something, or ``seconds`` pass."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.loops: weakref.WeakSet = weakref.WeakSet()
+        self._waking: threading.Event | None = None
+
+    def join(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let what other threads hand ``loop`` end a wait at once. A loop that
+        cannot be joined so (uvloop's, say) never waits."""
+        try:
+            if loop in self.loops:
+                return
+        except TypeError:  # cannot be weakly referenced
+            return
+        handoff = loop.call_soon_threadsafe
+
+        def call_soon_threadsafe(callback, *args, **kwargs):
+            handle = handoff(callback, *args, **kwargs)
+            waking = self._waking
+            if waking is not None:
+                waking.set()
+            return handle
+
+        try:
+            loop.call_soon_threadsafe = call_soon_threadsafe
+        except AttributeError:  # a loop type without instance attributes
+            return
+        self.loops.add(loop)
+
+    def submit(self, lane: ThreadPoolExecutor, fn, /, *args, **kwargs) -> Future:
+        """``lane.submit(fn, ...)``; from a joined loop's own thread, then wait for it."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or loop not in self.loops:
+            return ThreadPoolExecutor.submit(lane, fn, *args, **kwargs)
+        waking = threading.Event()
+        self._waking = waking  # before the work starts: it may hand the loop something
+        try:
+            future = ThreadPoolExecutor.submit(lane, fn, *args, **kwargs)
+            future.add_done_callback(lambda _done: waking.set())
+            waking.wait(self.seconds)
+        finally:
+            self._waking = None
+        return future
+
+
 class _Lane(ThreadPoolExecutor):
     """A one-thread executor that knows since when its current work has run."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, loop_wait: LoopWait | None = None) -> None:
         super().__init__(max_workers=1, thread_name_prefix=name)
         self.busy = 0  # requests given this lane and not finished
         self.running_since: float | None = None
+        self.loop_wait = loop_wait
 
     def submit(self, fn, /, *args, **kwargs):
+        if self.loop_wait is not None:
+            return self.loop_wait.submit(self, self._timed, fn, *args, **kwargs)
         return super().submit(self._timed, fn, *args, **kwargs)
 
     def _timed(self, fn, *args, **kwargs):
@@ -72,9 +146,10 @@ class _Lane(ThreadPoolExecutor):
 class PooledThreads:
     """Wraps Django's ASGI application: each request on a hot thread that is not stuck."""
 
-    def __init__(self, app, size: int, hot: int = 1) -> None:
+    def __init__(self, app, size: int, hot: int = 1, loop_wait_ms: float = 0) -> None:
         self.app = app
-        self.lanes = [_Lane(f"django-sync-{i}") for i in range(size)]
+        self.loop_wait = LoopWait(loop_wait_ms / 1000) if loop_wait_ms > 0 else None
+        self.lanes = [_Lane(f"django-sync-{i}", self.loop_wait) for i in range(size)]
         self.hot = max(1, min(hot, size))
 
     @classmethod
@@ -85,7 +160,9 @@ class PooledThreads:
             return app
         size = int(os.environ.get("DJANGO_ASGI_THREADS") or 4)
         hot = int(os.environ.get("DJANGO_ASGI_HOT_THREADS") or _hot_default())
-        return cls(app, size, hot) if size > 0 else app
+        wait = os.environ.get("DJANGO_ASGI_LOOP_WAIT_MS")
+        wait_ms = float(wait) if wait else (LOOP_WAIT_MS if hot == 1 else 0)
+        return cls(app, size, hot, wait_ms) if size > 0 else app
 
     def choose(self) -> _Lane:
         """The hot lane with fewest requests that is not stuck, else the first other
@@ -100,6 +177,8 @@ class PooledThreads:
         return min(self.lanes, key=lambda lane: lane.busy)
 
     async def __call__(self, scope, receive, send):
+        if self.loop_wait is not None:
+            self.loop_wait.join(asyncio.get_running_loop())
         lane = self.choose()
         lane.busy += 1
         try:
