@@ -27,18 +27,18 @@ application is served as Django made it.
 
 **With one hot thread, the event loop waits for it, briefly.** While a request
 thread works, the event loop's thread wants the interpreter lock too (to read
-the next requests), and takes it each time the request thread lets it go: in
-every database statement, twice. Each change of hands is a context switch or
-two, and on one daphne process they cost more than a decision's own work
-(bench/request_parts.py). With one hot thread there is nothing for the loop
-to hand the next request to meanwhile, so when the loop's thread hands a
-piece of synchronous work to a request thread, it waits for that work to
-finish, up to ``DJANGO_ASGI_LOOP_WAIT_MS`` (default 5 with one hot thread,
-0, never, with more), before it goes back to the loop; work that runs longer
-is awaited as before. The wait also ends at once when another thread hands
-the loop something to do (``call_soon_threadsafe``: an ``async_to_sync`` in a
-view, an event for a WebSocket), so nothing in the loop waits for the whole
-of it. Network input waits meanwhile, as it would for the interpreter lock.
+the next requests), and takes it each time the request thread lets it go:
+around every database statement, each time a context switch or two. With one
+hot thread there is nowhere to send the next request meanwhile, so when the
+loop's thread hands a piece of synchronous work to a request thread, it waits
+for that work to finish, up to ``DJANGO_ASGI_LOOP_WAIT_MS`` (default 5 with
+one hot thread; 0, never, with more) before it goes back to the loop; work
+that runs longer is awaited as before. The wait also ends at once when
+another thread hands the loop something (``call_soon_threadsafe``: an
+``async_to_sync`` in a view, an event for a WebSocket). Network input waits
+meanwhile, as it would for the lock. Requests that read the database cost
+less this way, a trivial one that reads nothing a little more (figures in
+docs/scaling.md).
 """
 
 from __future__ import annotations
