@@ -72,22 +72,23 @@ class LoopWait:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.loops: weakref.WeakSet = weakref.WeakSet()
-        self._waking: threading.Event | None = None
+        # Per joined loop, the wait under way on its thread (a one-item list), if any.
+        self._waits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def join(self, loop: asyncio.AbstractEventLoop) -> None:
         """Let what other threads hand ``loop`` end a wait at once. A loop that
         cannot be joined so (uvloop's, say) never waits."""
         try:
-            if loop in self.loops:
+            if loop in self._waits:
                 return
         except TypeError:  # cannot be weakly referenced
             return
         handoff = loop.call_soon_threadsafe
+        waiting: list[threading.Event | None] = [None]
 
         def call_soon_threadsafe(callback, *args, **kwargs):
             handle = handoff(callback, *args, **kwargs)
-            waking = self._waking
+            waking = waiting[0]
             if waking is not None:
                 waking.set()
             return handle
@@ -96,24 +97,24 @@ class LoopWait:
             loop.call_soon_threadsafe = call_soon_threadsafe
         except AttributeError:  # a loop type without instance attributes
             return
-        self.loops.add(loop)
+        self._waits[loop] = waiting
 
     def submit(self, lane: ThreadPoolExecutor, fn, /, *args, **kwargs) -> Future:
         """``lane.submit(fn, ...)``; from a joined loop's own thread, then wait for it."""
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None or loop not in self.loops:
+            waiting = self._waits.get(asyncio.get_running_loop())
+        except RuntimeError:  # no loop runs in this thread
+            waiting = None
+        if waiting is None:
             return ThreadPoolExecutor.submit(lane, fn, *args, **kwargs)
         waking = threading.Event()
-        self._waking = waking  # before the work starts: it may hand the loop something
+        waiting[0] = waking  # before the work starts: it may hand the loop something
         try:
             future = ThreadPoolExecutor.submit(lane, fn, *args, **kwargs)
             future.add_done_callback(lambda _done: waking.set())
             waking.wait(self.seconds)
         finally:
-            self._waking = None
+            waiting[0] = None
         return future
 
 
