@@ -10,11 +10,15 @@ nothing. ``/bench/releases`` reads nothing either, but releases the interpreter
 lock 12 times around ~3 µs of C work each (a SHA-256 of 4 KiB), about what
 three SQLite statements do (each ``sqlite3_step`` and ``sqlite3_reset`` runs
 with the lock released): what those releases cost when the event loop's
-thread is waiting to take the lock.
+thread is waiting to take the lock. ``/bench/gc`` answers what the garbage
+collector has done in the serving process since it loaded these routes: the
+collections of each generation, their CPU time and the longest one.
 """
 
+import gc
 import hashlib
 import json
+import time
 
 from django.http import JsonResponse
 from django.urls import path
@@ -55,7 +59,30 @@ def signed_post(request):
     return JsonResponse({"ok": True})
 
 
+_collected = {"count": [0, 0, 0], "cpu": [0.0, 0.0, 0.0], "longest": 0.0}
+_started = [0.0]
+
+
+def _timed_collection(phase, info):
+    if phase == "start":
+        _started[0] = time.thread_time()
+        return
+    spent = time.thread_time() - _started[0]
+    generation = info["generation"]
+    _collected["count"][generation] += 1
+    _collected["cpu"][generation] += spent
+    _collected["longest"] = max(_collected["longest"], spent)
+
+
+gc.callbacks.append(_timed_collection)
+
+
+def collections(request):
+    return JsonResponse(_collected)
+
+
 urlpatterns = [
+    path("bench/gc", collections),
     path("bench/ping", ping),
     path("bench/user", user),
     path("bench/releases", releases),

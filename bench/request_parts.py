@@ -23,7 +23,10 @@ threads) and the request threads (sync middleware, the view, the database),
 read from ``/proc/<pid>/task/*/stat`` before and after each round (Linux only),
 and daphne's context switches per request (``/proc/<pid>/task/*/status``):
 each database statement lets the interpreter lock change hands, and each
-change is a switch or two.
+change is a switch or two. Also the CPU daphne's garbage collector spent per
+request (``/bench/gc``), and its full collections and longest collection
+over the whole run (``toolgate_site.collector``; ``DJANGO_ASGI_GC_FREEZE=0
+DJANGO_ASGI_GC_THRESHOLD=0`` for Python's own settings, the baseline).
 Before each kind's clock starts, the server gets half a second and 100
 untimed trivial requests, so that what one kind leaves behind (its garbage to
 collect, say) is not charged to the next. Medians over the rounds. The
@@ -34,10 +37,12 @@ in the same run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,6 +86,12 @@ def thread_counts(pid: int) -> tuple[float, float, int, int]:
     return main, other, main_sw, other_sw
 
 
+def collections(server) -> dict:
+    """What daphne's garbage collector has done so far (``/bench/gc``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/bench/gc", timeout=10) as r:
+        return json.load(r)
+
+
 def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]]:
     from django.contrib.auth import get_user_model
     from django.test import Client
@@ -109,11 +120,15 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
                 # say) is done before this kind's clock starts, not charged to it.
                 time.sleep(0.5)
                 _load(server, sessionid, clients, kind="trivial", count=100)
+                gc0 = collections(server)
                 before = thread_counts(server.proc.pid)
                 seconds = _load(server, sessionid, clients, **job)["seconds"]
                 after = thread_counts(server.proc.pid)
+                gc1 = collections(server)
                 per_call = [(a - b) / calls for a, b in zip(after, before, strict=True)]
-                samples[kind].append((calls / seconds, *per_call))
+                collected = (sum(gc1["cpu"]) - sum(gc0["cpu"])) / calls
+                samples[kind].append((calls / seconds, *per_call, collected))
+        whole = collections(server)
     finally:
         server.stop()
     return {
@@ -122,6 +137,8 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
             "loop_ms": statistics.median(s[1] for s in rows) * MS,
             "threads_ms": statistics.median(s[2] for s in rows) * MS,
             "switches": statistics.median(s[3] + s[4] for s in rows),
+            "gc_ms": statistics.median(s[5] for s in rows) * MS,
+            "collector": whole,
         }
         for kind, rows in samples.items()
     }
@@ -152,6 +169,19 @@ def main() -> None:
         figures[f"{key}_switches"] = figure(
             r["switches"], "", f"{kind}: daphne context switches per request, all threads"
         )
+        figures[f"{key}_gc_ms"] = figure(
+            r["gc_ms"], "ms", f"{kind}: daphne's garbage collections, CPU per request"
+        )
+    whole = parts["ping"]["collector"]
+    figures["full_collections"] = figure(
+        whole["count"][2], "", "daphne's full collections over the whole run"
+    )
+    figures["full_collections_cpu_ms"] = figure(
+        whole["cpu"][2] * MS, "ms", "daphne's full collections over the whole run, CPU in all"
+    )
+    figures["longest_collection_ms"] = figure(
+        whole["longest"] * MS, "ms", "daphne's longest garbage collection"
+    )
     share = parts["decide"]["rate"] / parts["ping"]["rate"] * 100
     figures["decide_share"] = figure(share, "%", "decide: requests/s as a share of ping's")
     report(

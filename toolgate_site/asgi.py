@@ -8,7 +8,7 @@ import os
 import django
 from django.core.handlers.asgi import ASGIHandler
 
-from toolgate_site import formparse
+from toolgate_site import collector, formparse
 from toolgate_site.onehop import OneHopASGIHandler
 from toolgate_site.threads import PooledThreads
 
@@ -47,3 +47,10 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# Load the URL patterns and their views now, then keep the collector from
+# scanning all that startup built on every full collection (see collector).
+from django.urls import get_resolver  # noqa: E402
+
+get_resolver().url_patterns  # noqa: B018
+collector.settle()
