@@ -3,9 +3,9 @@
 Python's cyclic collector looks at every container object in the process when
 it runs a full collection, and a daphne process serving the site holds a few
 hundred thousand of them from startup alone (Django, the app registry, the URL
-patterns, Twisted) that stay alive as long as the process. Requests in flight
-when a young collection runs are promoted to the old generation, so under load
-full collections came often: in one run of ``bench/request_parts.py`` (six
+patterns, Twisted) that stay alive as long as the process. The objects of
+requests in flight when a young collection runs are promoted towards the old
+generation, so under load full collections came often: in one run of ``bench/request_parts.py`` (six
 kinds of request, three rounds) the process ran 37 of them, ~80 ms of CPU
 each (the longest 104 ms, a pause for whatever the process was serving then),
 and collections cost ~0.18 ms of every request on average.
