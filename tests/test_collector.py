@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,6 @@ def test_what_startup_built_is_frozen_and_what_comes_later_is_not(restored):
     assert not _tracked(before)
     assert _tracked(after)
     # …and still frees the cycles made later.
-    import weakref
-
     ref = weakref.ref(after)
     del after
     gc.collect()

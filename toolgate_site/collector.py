@@ -5,10 +5,11 @@ it runs a full collection, and a daphne process serving the site holds a few
 hundred thousand of them from startup alone (Django, the app registry, the URL
 patterns, Twisted) that stay alive as long as the process. The objects of
 requests in flight when a young collection runs are promoted towards the old
-generation, so under load full collections came often: in one run of ``bench/request_parts.py`` (six
-kinds of request, three rounds) the process ran 37 of them, ~80 ms of CPU
-each (the longest 104 ms, a pause for whatever the process was serving then),
-and collections cost ~0.18 ms of every request on average.
+generation, so under load full collections came often: in one run of
+``bench/request_parts.py`` (six kinds of request, three rounds) the process
+ran 37 of them, ~80 ms of CPU each (the longest 104 ms, a pause for whatever
+the process was serving then), and collections cost ~0.18 ms of every
+request on average.
 
 :func:`settle`, called once the application is built, collects what startup
 left behind and moves everything alive into the permanent generation
@@ -43,11 +44,10 @@ def settle(environ: os._Environ | dict | None = None) -> dict:
     env = os.environ if environ is None else environ
     freeze = _flag(env, "DJANGO_ASGI_GC_FREEZE")
     threshold = _count(env, "DJANGO_ASGI_GC_THRESHOLD", THRESHOLD)
-    done = {"frozen": 0, "threshold": gc.get_threshold()[0]}
+    young, middle, old = gc.get_threshold()
+    done = {"frozen": 0, "threshold": threshold or young}
     if threshold:
-        _, middle, old = gc.get_threshold()
         gc.set_threshold(threshold, middle, old)
-        done["threshold"] = threshold
     if freeze:
         gc.collect()  # what startup left behind is freed, not frozen
         gc.freeze()
