@@ -9,7 +9,17 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing registers the checks and the setting_changed receivers.
-        from . import checks, conf, listener, notify_worker, outbox, rules, sweep, wsroute  # noqa: F401
+        from . import (  # noqa: F401
+            checks,
+            conf,
+            listener,
+            notify_worker,
+            outbox,
+            rules,
+            sweep,
+            walcheck,
+            wsroute,
+        )
         from .conf import setting
 
         # The listener knows nothing above it; the parts that need it hook in here.
@@ -21,3 +31,5 @@ class ApprovalsConfig(AppConfig):
         outbox.on_written(notify_worker.wake)
         listener.on_start("notify", notify_worker.start)
         listener.every("remind", lambda: 2.0, outbox.remind)
+        # SQLite: the WAL copied back beside the listener, not in a request's commit.
+        listener.on_start("checkpoints", walcheck.start)

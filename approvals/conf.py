@@ -59,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds between checks that each open socket's user is still active,
     # signed in and (for sockets that see everyone's calls) still a decider.
     "SOCKET_RECHECK_SECONDS": 3.0,
+    # SQLite in WAL mode: copy the WAL back into the database from a thread beside
+    # each process listener (passive checkpoints), not in the commit that fills it.
+    "SQLITE_CHECKPOINTS": True,
     # Threads per process for the sockets' database work (snapshot, tool_confirm).
     "SOCKET_DB_THREADS": 8,
     # Largest number of pending calls sent in a snapshot or the pending list.

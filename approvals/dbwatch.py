@@ -170,7 +170,7 @@ class SqliteWatcher(Watcher):
         self._files = files = inotify.watch_directory(os.path.dirname(real), names)
         self.mode = "poll" if files is None else "inotify"
         try:
-            self._watch(conn, path, _identity(path))
+            self._watch(conn, path, file_identity(path))
         finally:
             self._files = None
             if files is not None:
@@ -204,7 +204,7 @@ class SqliteWatcher(Watcher):
                 next_stat = now + _STAT_EVERY
                 # The file replaced (a test's fresh database, a restore) or the
                 # database renamed: open the new one.
-                if self._path() != path or _identity(path) != ident or self._gone():
+                if self._path() != path or file_identity(path) != ident or self._gone():
                     return
             seen = _data_version(conn)
             if seen != version:
@@ -244,7 +244,19 @@ def _data_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 
-def _identity(path: str) -> tuple | None:
+def sqlite_path(alias: str) -> str | None:
+    """The file of the SQLite database ``alias``; ``None`` for another database
+    or one in memory."""
+    conn = connections[alias]
+    if conn.vendor != "sqlite":
+        return None
+    name = str(conn.settings_dict.get("NAME") or "")
+    if not name or name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
+        return None
+    return name
+
+
+def file_identity(path: str) -> tuple | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -316,10 +328,7 @@ def watcher_for(
     """
     conn = connections[alias]
     if conn.vendor == "sqlite":
-        name = str(conn.settings_dict.get("NAME") or "")
-        if not name or name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
-            return None
-        return SqliteWatcher(alias, on_change, active)
+        return None if sqlite_path(alias) is None else SqliteWatcher(alias, on_change, active)
     if conn.vendor == "postgresql":
         try:
             import psycopg  # noqa: F401

@@ -7,7 +7,10 @@ transactions) and no Redis, migrated first; every decision writes its audit row.
 Figures:
 
 * wake latency, resolve -> waiter returns (sync thread waiter, async future
-  waiter), p50/p99, including the conditional UPDATE of the audit row;
+  waiter), p50/p99, including the conditional UPDATE of the audit row; the
+  async trials again with ``SQLITE_CHECKPOINTS`` off (each commit that fills
+  the WAL copies it back itself, SQLite's default): the baseline for the
+  listener's checkpoint thread (:mod:`approvals.walcheck`);
 * cancel latency, cancel signal -> waiter returns (including the ``cancelled``
   write), for a ``threading.Event``, an ``asyncio.Event`` and ``task.cancel()``;
 * 10,000 pending async waiters: RSS above the baseline and CPU while idle;
@@ -199,6 +202,39 @@ def breakdown(n: int) -> dict[str, list[float]]:
     return out
 
 
+def wake_with_own_checkpoints(n: int) -> list[float]:
+    """The async wake trials again with ``SQLITE_CHECKPOINTS`` off (the baseline):
+    the commit that fills the WAL copies it back itself, as SQLite does by default."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from approvals import listener
+
+    listener.shutdown()  # started again below without the checkpoint thread
+    own = {**getattr(settings, "APPROVALS", {}), "SQLITE_CHECKPOINTS": False}
+    with override_settings(APPROVALS=own):
+        out = asyncio.run(_wake_async(n))
+        listener.shutdown()
+    return out
+
+
+def checkpoint_figures(wa: list[float], wa_own: list[float]) -> dict:
+    """The async wake with the checkpoint thread (the default) against without it."""
+    return {
+        "wake_async_own_ckpt_p50_ms": figure(
+            _ms(wa_own, 50), "ms", "wake, async waiter, p50, SQLite's own checkpoints (baseline)"
+        ),
+        "wake_async_own_ckpt_p99_ms": figure(
+            _ms(wa_own, 99), "ms", "wake, async waiter, p99, SQLite's own checkpoints (baseline)"
+        ),
+        "wake_async_ckpt_ratio_p99": figure(
+            _ms(wa, 99) / max(_ms(wa_own, 99), 1e-6),
+            "x",
+            "wake, async waiter, p99, checkpoint thread / SQLite's own",
+        ),
+    }
+
+
 # -- the run ----------------------------------------------------------------
 
 
@@ -257,6 +293,7 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     with RecheckPasses() as passes:
         ws = wake_sync(n)
         wa = asyncio.run(_wake_async(n))
+    wa_own = wake_with_own_checkpoints(n)
     cs = cancel_sync(ncancel)
     ce = asyncio.run(_cancel_async(ncancel, "event"))
     ct = asyncio.run(_cancel_async(ncancel, "task"))
@@ -269,6 +306,7 @@ def run(args: argparse.Namespace, database_url: str) -> None:
     _forget_pending()
     th = run_child("threads", database_url, idle, waiters=5_000, cancels=200)
     f = latency_figures(ws, wa, cs, ce, ct, parts) | idle_figures(tg, th, cs + ce + ct)
+    f |= checkpoint_figures(wa, wa_own)
     f |= passes.figures(2 * n)
     for python in args.also_python:
         other = run_child("toolgate", database_url, idle, python=python, waiters=10_000)
