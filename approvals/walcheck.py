@@ -5,29 +5,41 @@ default the commit that brings the file to ``wal_autocheckpoint`` pages (1,000)
 then copies them all back into the database, and syncs both files, before it
 returns. A call gated and decided writes about 25 pages (the approvals table
 has fourteen indexes), so one decision in a few dozen waited for that copy,
-and so did the agent it wakes: 2–5 ms, most of a wake's p99 (BENCHMARKS.md).
+and so did the agent it wakes: milliseconds, most of a wake's p99
+(BENCHMARKS.md).
 
-One thread per process, started with the listener, runs ``PRAGMA
-wal_checkpoint(PASSIVE)`` on a connection of its own soon after commits, so the
-WAL is copied back well before it reaches the threshold and commits seldom do
-it themselves. A passive checkpoint waits for nobody: writers go on appending
-meanwhile, readers keep their snapshots, and when another checkpoint is under
-way (another process's thread, a commit's own) it returns at once. It copies
-what SQLite's own checkpoint would have copied, no more, and
-``wal_autocheckpoint`` is left as it is: the safety net, and what a process
-without a listener (a management command) does as before.
+One thread per process, started with the listener, copies the WAL back with
+``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own once it holds
+``MIN_FRAMES`` pages not yet in the database, well before the threshold, so
+commits seldom do it themselves. A passive checkpoint waits for nobody:
+writers go on appending meanwhile, readers keep their snapshots, and when
+another checkpoint is under way (another process's thread, a commit's own) it
+returns at once. It copies what SQLite's own checkpoint would have copied, no
+more, and ``wal_autocheckpoint`` is left as it is: the safety net, and what a
+process without a listener (a management command) does as before.
 
-While the WAL keeps changing the thread looks every ``FAST`` seconds; when it
-does not, it backs off to one look every ``SLOW`` seconds. On a database not in
-WAL mode the statement does nothing (a rollback journal has nothing to copy
-back). ``APPROVALS["SQLITE_CHECKPOINTS"] = False`` leaves checkpoints to
-SQLite alone, for a tool that manages the WAL itself.
+How far the WAL is ahead of the database is read from the wal-index (the
+``-shm`` file every connection to the database maps; its header holds the last
+frame and the last frame copied back, in a layout SQLite keeps for every
+version that may share the file), so a look costs one small read, no
+statement. On Linux the thread sleeps on inotify until the ``-wal`` file (or
+the database file) is written; elsewhere it looks every ``FAST`` seconds
+while the WAL grows, backing off to ``SLOW``. Either way it looks at most
+every ``FAST`` seconds, and a WAL with a few pages in it (a heartbeat) is
+left alone: copying it would write the database file, which wakes every
+process's watcher.
+
+On a database not in WAL mode there is no wal-index and nothing to copy.
+``APPROVALS["SQLITE_CHECKPOINTS"] = False`` leaves checkpoints to SQLite alone,
+for a tool that manages the WAL itself.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -36,36 +48,70 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from . import inotify
 from .conf import setting
 from .dbwatch import file_identity, sqlite_path
 
 logger = logging.getLogger("approvals.listener")
 
-#: Seconds between looks while the WAL keeps changing.
+#: Pages in the WAL, not yet in the database, that are worth copying back now.
+MIN_FRAMES = 100
+#: The shortest time between looks.
 FAST = 0.02
-#: The longest pause between looks, once nothing changes.
+#: Without inotify: the longest time between looks, once the WAL stops growing.
 SLOW = 1.0
-#: Seconds between checks that the database file is still the one opened.
-STAT_EVERY = 1.0
+#: With inotify: the longest sleep on the file events.
+FALLBACK = 30.0
 _BACKOFF_MAX = 5.0
+#: The wal-index header: its version (u32 at 0; two copies of 48 bytes), the
+#: last valid frame (u32 at 16), and the last frame copied back (u32 at 96).
+_SHM_VERSION = 3007000
+_SHM_HEAD = 100
+
+
+def frames_behind(path: str) -> int | None:
+    """Frames in the WAL of the database at ``path`` not yet copied back into it.
+
+    ``None`` when there is no wal-index (not in WAL mode, or no connection ever
+    opened it) or it cannot be read consistently now.
+    """
+    try:
+        fd = os.open(f"{path}-shm", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, _SHM_HEAD, 0)
+    finally:
+        os.close(fd)
+    if len(head) < _SHM_HEAD or head[:48] != head[48:96] or head[12] != 1:
+        return None  # uninitialised, or caught between its two copies
+    version, last = struct.unpack_from("=I12xI", head, 0)
+    (copied,) = struct.unpack_from("=I", head, 96)
+    if version != _SHM_VERSION:
+        return None
+    return max(last - copied, 0)
 
 
 class Checkpointer:
-    """A daemon thread running passive WAL checkpoints of one SQLite database file.
+    """A daemon thread copying one SQLite database's WAL back into it (passive checkpoints).
 
-    ``path()`` names the file; it is looked at again every ``STAT_EVERY``
-    seconds, and a renamed, replaced or other file is opened afresh. ``runs``
-    counts the checkpoints run, and ``last`` is the last one's ``(busy, frames
-    in the WAL, frames of them in the database)`` (``-1`` frames: the database
-    is not in WAL mode).
+    ``path()`` names the file; at every look a renamed, replaced or other file
+    is opened afresh (with inotify, a file replaced wakes the thread; another
+    name set meanwhile is seen at the next look, within ``FALLBACK``). ``looks``
+    counts how often it read the wal-index, ``runs`` the checkpoints it ran,
+    and ``last`` is the last one's ``(busy, frames in the WAL, frames of them
+    in the database)``.
     """
 
     name = "toolgate-checkpoint"
 
     def __init__(self, path: Callable[[], str]) -> None:
         self.path = path
+        self.looks = 0
         self.runs = 0
         self.last: tuple[int, int, int] | None = None
+        self.mode = ""  # "inotify" or "poll", once the file is open
+        self._files: inotify.DirWatch | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,6 +121,9 @@ class Checkpointer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        files = self._files
+        if files is not None:
+            files.interrupt()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -93,32 +142,45 @@ class Checkpointer:
 
     def _run(self) -> None:
         path = self.path()
-        if file_identity(path) is None:
+        ident = file_identity(path)
+        if ident is None:
             return  # not created yet, or removed: looked for again after a pause
+        real = os.path.realpath(path)  # SQLite names its -wal and -shm after it
         # Read-write, never create: a file removed meanwhile stays removed.
-        uri = f"{Path(path).resolve().as_uri()}?mode=rw"
+        uri = f"{Path(real).as_uri()}?mode=rw"
         conn = sqlite3.connect(
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=1
         )
+        name = os.path.basename(real)
+        # The -wal written: a commit; the file itself replaced or renamed: open afresh.
+        files = inotify.watch_directory(os.path.dirname(real), [name, name + "-wal"])
+        self._files, self.mode = files, ("poll" if files is None else "inotify")
         try:
-            self._loop(conn, path, file_identity(path))
+            self._loop(conn, path, real, ident)
         finally:
+            self._files = None
+            if files is not None:
+                files.close()
             conn.close()
 
-    def _loop(self, conn: sqlite3.Connection, path: str, ident: tuple | None) -> None:
-        delay = FAST
-        next_stat = time.monotonic() + STAT_EVERY
-        while not self._stop.wait(delay):
-            now = time.monotonic()
-            if now >= next_stat:
-                next_stat = now + STAT_EVERY
-                if self.path() != path or file_identity(path) != ident:
-                    return  # the caller opens the file now named
-            before = self.last
-            self.last = found = self.checkpoint(conn)
-            # Written to since the last look: look again soon; else less and less often.
-            changed = found[1] > 0 and found != before
-            delay = FAST if changed else min(delay * 2, SLOW)
+    def _loop(self, conn: sqlite3.Connection, path: str, real: str, ident: tuple) -> None:
+        delay, before = FAST, None
+        # (Re)opened: what was written meanwhile is unknown, so look at once.
+        while self.path() == path and file_identity(path) == ident:
+            self.looks += 1
+            behind = frames_behind(real)
+            if behind is not None and behind >= MIN_FRAMES:
+                self.last = self.checkpoint(conn)
+            # Without inotify: again soon while the WAL grows, else less and less often.
+            delay = FAST if behind != before else min(delay * 2, SLOW)
+            before = behind
+            if self._stop.wait(FAST if self._files is not None else delay):
+                return
+            if self._files is not None:
+                self._files.wait(FALLBACK)  # until the -wal (or the file) is written
+                if self._stop.is_set() or self._files.gone:
+                    return  # stopped, or the directory went: open afresh
+        # Another file now named, or this one replaced: the caller opens it.
 
     def checkpoint(self, conn: sqlite3.Connection) -> tuple[int, int, int]:
         """One passive checkpoint on ``conn``: ``(busy, frames in the WAL, frames

@@ -220,6 +220,8 @@ APPROVALS = {
     # Where the site is served, for the links in webhooks and emails.
     "SITE_URL": os.environ.get("TOOLGATE_SITE_URL") or None,
     "EMAIL_NOTIFICATIONS": _env_flag("TOOLGATE_EMAIL_NOTIFICATIONS", default=False),
+    # SQLite: the WAL copied back from a thread beside the listener (off: by SQLite itself).
+    "SQLITE_CHECKPOINTS": _env_flag("TOOLGATE_SQLITE_CHECKPOINTS", default=True),
 }
 # Email (for EMAIL_NOTIFICATIONS): SMTP on localhost unless DJANGO_EMAIL_BACKEND says
 # otherwise (DJANGO_EMAIL_FILE_PATH for the file backend). Django 6.1 configures mail
