@@ -9,27 +9,31 @@ and so did the agent it wakes: milliseconds, most of a wake's p99
 (BENCHMARKS.md).
 
 One thread per process, started with the listener, copies the WAL back with
-``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own once it holds
-``MIN_FRAMES`` pages not yet in the database, well before the threshold, so
-commits seldom do it themselves. A passive checkpoint waits for nobody:
-writers go on appending meanwhile, readers keep their snapshots, and when
-another checkpoint is under way (another process's thread, a commit's own) it
-returns at once. It copies what SQLite's own checkpoint would have copied, no
-more, and ``wal_autocheckpoint`` is left as it is: the safety net, and what a
-process without a listener (a management command) does as before.
+``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own soon after
+commits, so the WAL seldom reaches the threshold and commits seldom copy it
+themselves. A passive checkpoint waits for nobody: writers go on appending
+meanwhile, readers keep their snapshots, and when another checkpoint is under
+way (another process's thread, a commit's own) it returns at once. It copies
+what SQLite's own checkpoint would have copied, no more, and
+``wal_autocheckpoint`` is left as it is: the safety net, and what a process
+without a listener (a management command) does as before.
 
-How far the WAL is ahead of the database is read from the wal-index (the
-``-shm`` file every connection to the database maps; its header holds the last
-frame and the last frame copied back, in a layout SQLite keeps for every
-version that may share the file), so a look costs one small read, no
-statement. On Linux the thread sleeps on inotify until the ``-wal`` file (or
-the database file) is written; elsewhere it looks every ``FAST`` seconds
-while the WAL grows, backing off to ``SLOW``. Either way it looks at most
-every ``FAST`` seconds, and a WAL with a few pages in it (a heartbeat) is
-left alone: copying it would write the database file, which wakes every
-process's watcher.
+On Linux the thread sleeps on inotify until the ``-wal`` file (or the database
+file) is written; elsewhere it looks every ``FAST`` seconds while commits come,
+backing off to ``SLOW``. It copies only when ``PRAGMA data_version`` says
+another connection committed since its last look (a checkpoint's own write to
+the database file wakes it, and is not a commit), and spaces its checkpoints
+so that each copies about ``TARGET_FRAMES`` (every ``FAST`` to ``SLOW``
+seconds): each one syncs the WAL and the database file, and a sync per commit
+would slow every writer.
 
-On a database not in WAL mode there is no wal-index and nothing to copy.
+It reads the database only through SQLite. Opening and closing the database's
+files (the ``-shm`` above all) with a descriptor of its own would drop the
+POSIX locks SQLite holds on them for the whole process, and another process
+could then copy back, or start the WAL over, under this process's readers:
+a corrupt database.
+
+On a database not in WAL mode the checkpoint does nothing.
 ``APPROVALS["SQLITE_CHECKPOINTS"] = False`` leaves checkpoints to SQLite alone,
 for a tool that manages the WAL itself.
 """
@@ -39,7 +43,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -54,42 +57,16 @@ from .dbwatch import file_identity, sqlite_path
 
 logger = logging.getLogger("approvals.listener")
 
-#: Pages in the WAL, not yet in the database, that are worth copying back now.
-MIN_FRAMES = 100
 #: The shortest time between looks.
 FAST = 0.02
+#: Frames a checkpoint aims to copy back (the WAL is copied by the commit that
+#: reaches 1,000, ``wal_autocheckpoint``'s default).
+TARGET_FRAMES = 250
 #: Without inotify: the longest time between looks, once the WAL stops growing.
 SLOW = 1.0
 #: With inotify: the longest sleep on the file events.
 FALLBACK = 30.0
 _BACKOFF_MAX = 5.0
-#: The wal-index header: its version (u32 at 0; two copies of 48 bytes), the
-#: last valid frame (u32 at 16), and the last frame copied back (u32 at 96).
-_SHM_VERSION = 3007000
-_SHM_HEAD = 100
-
-
-def frames_behind(path: str) -> int | None:
-    """Frames in the WAL of the database at ``path`` not yet copied back into it.
-
-    ``None`` when there is no wal-index (not in WAL mode, or no connection ever
-    opened it) or it cannot be read consistently now.
-    """
-    try:
-        fd = os.open(f"{path}-shm", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        head = os.pread(fd, _SHM_HEAD, 0)
-    finally:
-        os.close(fd)
-    if len(head) < _SHM_HEAD or head[:48] != head[48:96] or head[12] != 1:
-        return None  # uninitialised, or caught between its two copies
-    version, last = struct.unpack_from("=I12xI", head, 0)
-    (copied,) = struct.unpack_from("=I", head, 96)
-    if version != _SHM_VERSION:
-        return None
-    return max(last - copied, 0)
 
 
 class Checkpointer:
@@ -98,7 +75,7 @@ class Checkpointer:
     ``path()`` names the file; at every look a renamed, replaced or other file
     is opened afresh (with inotify, a file replaced wakes the thread; another
     name set meanwhile is seen at the next look, within ``FALLBACK``). ``looks``
-    counts how often it read the wal-index, ``runs`` the checkpoints it ran,
+    counts how often it looked, ``runs`` the checkpoints it ran,
     and ``last`` is the last one's ``(busy, frames in the WAL, frames of them
     in the database)``.
     """
@@ -110,6 +87,8 @@ class Checkpointer:
         self.looks = 0
         self.runs = 0
         self.last: tuple[int, int, int] | None = None
+        #: Seconds to wait after a checkpoint before the next (see :func:`_spacing`).
+        self.spacing = FAST
         self.mode = ""  # "inotify" or "poll", once the file is open
         self._files: inotify.DirWatch | None = None
         self._stop = threading.Event()
@@ -156,25 +135,30 @@ class Checkpointer:
         files = inotify.watch_directory(os.path.dirname(real), [name, name + "-wal"])
         self._files, self.mode = files, ("poll" if files is None else "inotify")
         try:
-            self._loop(conn, path, real, ident)
+            self._loop(conn, path, ident)
         finally:
             self._files = None
             if files is not None:
                 files.close()
             conn.close()
 
-    def _loop(self, conn: sqlite3.Connection, path: str, real: str, ident: tuple) -> None:
-        delay, before = FAST, None
+    def _loop(self, conn: sqlite3.Connection, path: str, ident: tuple) -> None:
+        delay, seen = FAST, None
         # (Re)opened: what was written meanwhile is unknown, so look at once.
         while self.path() == path and file_identity(path) == ident:
             self.looks += 1
-            behind = frames_behind(real)
-            if behind is not None and behind >= MIN_FRAMES:
-                self.last = self.checkpoint(conn)
-            # Without inotify: again soon while the WAL grows, else less and less often.
-            delay = FAST if behind != before else min(delay * 2, SLOW)
-            before = behind
-            if self._stop.wait(FAST if self._files is not None else delay):
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            left = self.last is not None and self.last[1] != self.last[2]
+            if version != seen or left:
+                # Committed to since the last look, or frames left behind (a reader
+                # was still on them): copy back.
+                seen = version
+                before, self.last = self.last, self.checkpoint(conn)
+                self.spacing = _spacing(self.spacing, _copied(before, self.last))
+                delay = FAST
+            else:  # woken by a checkpoint's write, or polling a quiet database
+                delay = min(delay * 2, SLOW)
+            if self._stop.wait(max(self.spacing, FAST if self._files is not None else delay)):
                 return
             if self._files is not None:
                 self._files.wait(FALLBACK)  # until the -wal (or the file) is written
@@ -188,6 +172,24 @@ class Checkpointer:
         busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         self.runs += 1
         return busy, frames, done
+
+
+def _copied(before: tuple[int, int, int] | None, after: tuple[int, int, int]) -> int:
+    """Frames the checkpoint ``after`` copied back, ``before`` being the one before it."""
+    if after[2] < 0:
+        return 0  # busy, or no WAL
+    if before is None or before[2] < 0 or after[1] < before[1]:
+        return after[2]  # the WAL started over in between
+    return max(after[2] - before[2], 0)
+
+
+def _spacing(spacing: float, copied: int) -> float:
+    """The wait after a checkpoint that copied ``copied`` frames: aiming at
+    ``TARGET_FRAMES`` per checkpoint, at most halved or doubled each time,
+    between ``FAST`` and ``SLOW``. Each checkpoint syncs the WAL and the
+    database file, so a busy database gets a few large ones, not one per commit."""
+    wanted = spacing * TARGET_FRAMES / max(copied, 1)
+    return min(max(wanted, spacing / 2, FAST), spacing * 2, SLOW)
 
 
 def start(listener: Any = None, alias: str = DEFAULT_DB_ALIAS) -> Checkpointer | None:

@@ -26,8 +26,7 @@ ROW = "x" * 2000  # about half a page: every commit writes a page or two
 
 @pytest.fixture(autouse=True, params=["inotify", "poll"])
 def mode(request, monkeypatch):
-    """Copy back from 10 frames on (a few commits here); with and without inotify."""
-    monkeypatch.setattr(walcheck, "MIN_FRAMES", 10)
+    """With and without inotify."""
     if request.param == "poll":
         monkeypatch.setattr(walcheck.inotify, "watch_directory", lambda directory, names: None)
     elif not walcheck.inotify.watch_directory(str(os.getcwd()), []):
@@ -52,16 +51,16 @@ def _wal_size(path: str) -> int:
     return os.path.getsize(path + "-wal")
 
 
-def _copied_back(checkpointer: walcheck.Checkpointer, path: str, at_least: int):
-    """Wait until the thread copied back a WAL of ``at_least`` frames, leaving fewer
-    than ``MIN_FRAMES`` behind; the last checkpoint's result."""
+def _copied_back(checkpointer: walcheck.Checkpointer, at_least: int):
+    """Wait until the thread's checkpoints copied back a whole WAL of ``at_least``
+    frames and it stays so (no commit left for a later look); the result."""
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         last = checkpointer.last
-        behind = walcheck.frames_behind(path)
-        whole = last and last[0] == 0 and last[1] == last[2] >= at_least
-        if whole and behind is not None and behind < walcheck.MIN_FRAMES:
-            return last
+        if last and last[0] == 0 and last[1] == last[2] >= at_least:
+            time.sleep(0.3)  # a look still due (FAST after the last -wal write)
+            if checkpointer.last[1] == checkpointer.last[2]:
+                return checkpointer.last
         time.sleep(0.01)
     raise AssertionError(f"the WAL was not copied back: last checkpoint {checkpointer.last}")
 
@@ -94,7 +93,7 @@ def test_the_thread_copies_the_wal_back_and_the_next_commits_reuse_it(tmp_path):
     conn = _writer(path)
     with _running(lambda: path) as checkpointer:
         _commit(conn, 100)
-        busy, frames, done = _copied_back(checkpointer, path, 100)
+        busy, frames, done = _copied_back(checkpointer, 100)
         assert busy == 0 and frames == done >= 100
         first = _wal_size(path)
         _commit(conn, 100)  # the WAL starts over from its beginning
@@ -106,66 +105,71 @@ def test_the_thread_copies_the_wal_back_and_the_next_commits_reuse_it(tmp_path):
     other.close()
 
 
-def test_it_looks_often_while_commits_come_and_seldom_when_they_stop(tmp_path, monkeypatch, mode):
+def test_a_trickle_of_commits_gets_a_few_large_checkpoints_and_quiet_gets_none(
+    tmp_path, monkeypatch, mode
+):
+    """Each checkpoint syncs two files: commits every 5 ms get a checkpoint every
+    second or so (not one per look), all of them copied back in the end."""
     monkeypatch.setattr(walcheck, "SLOW", 0.5)
     path = str(tmp_path / "db.sqlite3")
     conn = _writer(path)
     with _running(lambda: path) as checkpointer:
-        deadline = time.monotonic() + 1.0
-        looks = checkpointer.looks
+        deadline, commits = time.monotonic() + 2.0, 0
         while time.monotonic() < deadline:
             _commit(conn, 1)
+            commits += 1
             time.sleep(0.005)
-        busy_looks = checkpointer.looks - looks
-        time.sleep(1.0)  # backing off from the last commit
+        busy_runs = checkpointer.runs
+        _copied_back(checkpointer, 1)
+        time.sleep(1.0)  # its spacing and the last look over
         looks = checkpointer.looks
         time.sleep(2.0)
         quiet_looks = checkpointer.looks - looks
         assert checkpointer.mode == mode
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (commits,)
     conn.close()
-    assert busy_looks >= 15  # up to one every FAST (20 ms) while the WAL grows
+    assert commits > 150
+    assert 2 <= busy_runs <= 15  # one per look (20 ms) would be ~100
     # Then none with inotify (nothing writes the -wal); polling, one every SLOW at most.
     assert quiet_looks <= (0 if mode == "inotify" else 5)
 
 
-def test_a_few_pages_are_left_for_later(tmp_path, monkeypatch):
-    """A WAL of a few pages (a heartbeat) is not copied back: that would write the
-    database file, which wakes every process's watcher. Enough pages are."""
-    monkeypatch.setattr(walcheck, "MIN_FRAMES", 100)
+def test_checkpoints_are_spaced_to_copy_about_target_frames_each():
+    fast, slow = walcheck.FAST, walcheck.SLOW
+    assert walcheck._spacing(fast, 1) == 2 * fast  # small: at most doubled
+    spacing = fast
+    for _ in range(20):
+        spacing = walcheck._spacing(spacing, 1)
+    assert spacing == slow
+    assert walcheck._spacing(slow, 100_000) == slow / 2  # large: at most halved
+    assert walcheck._spacing(fast, 100_000) == fast
+    assert walcheck._spacing(0.1, walcheck.TARGET_FRAMES) == pytest.approx(0.1)
+    assert walcheck._copied(None, (0, 30, 30)) == 30
+    assert walcheck._copied((0, 30, 30), (0, 80, 80)) == 50
+    assert walcheck._copied((0, 300, 300), (0, 20, 20)) == 20  # the WAL started over
+    assert walcheck._copied((0, 30, 30), (1, -1, -1)) == 0  # busy: another checkpoint ran
+
+
+def test_a_wake_with_no_commit_copies_nothing(tmp_path, monkeypatch, mode):
+    """Its own checkpoint writes the database file (which wakes it with inotify),
+    and polling wakes it anyway: neither is a commit, so neither copies."""
+    monkeypatch.setattr(walcheck, "SLOW", 0.05)
     path = str(tmp_path / "db.sqlite3")
     conn = _writer(path)
     with _running(lambda: path) as checkpointer:
-        _commit(conn, 5)
+        _commit(conn, 50)
+        _copied_back(checkpointer, 50)
+        runs, looks = checkpointer.runs, checkpointer.looks
+        time.sleep(1.0)
+        assert checkpointer.runs == runs
+        if mode == "poll":
+            assert checkpointer.looks > looks  # it looked, and found no commit
+        _commit(conn, 1)
         deadline = time.monotonic() + 5.0
-        while checkpointer.looks < 1 and time.monotonic() < deadline:
+        while checkpointer.runs == runs and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)
-        assert checkpointer.looks >= 1 and checkpointer.runs == 0
-        assert walcheck.frames_behind(path) >= 5
-        _commit(conn, 100)
-        _copied_back(checkpointer, path, 100)
+        assert checkpointer.runs == runs + 1
     conn.close()
-
-
-def test_frames_behind_reads_what_sqlite_counts(tmp_path):
-    path = str(tmp_path / "db.sqlite3")
-    assert walcheck.frames_behind(path) is None  # no database yet
-    conn = _writer(path)
-    _commit(conn, 30)
-    behind = walcheck.frames_behind(path)
-    other = sqlite3.connect(path, isolation_level=None)
-    assert other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone() == (0, behind, behind)
-    assert walcheck.frames_behind(path) == 0
-    _commit(conn, 3)  # the WAL starts over: three commits, three frames or more behind
-    assert 3 <= walcheck.frames_behind(path) < behind
-    other.close()
-    conn.close()
-    rollback = str(tmp_path / "rollback.sqlite3")
-    _commit(_writer(rollback, journal="DELETE"), 3)
-    assert walcheck.frames_behind(rollback) is None  # no wal-index at all
-    with open(tmp_path / "odd.sqlite3-shm", "wb") as odd:
-        odd.write(bytes(200))  # not a wal-index SQLite wrote
-    assert walcheck.frames_behind(str(tmp_path / "odd.sqlite3")) is None
 
 
 def test_a_database_without_wal_is_left_as_it_is(tmp_path):
@@ -173,8 +177,10 @@ def test_a_database_without_wal_is_left_as_it_is(tmp_path):
     conn = _writer(path, journal="DELETE")
     with _running(lambda: path) as checkpointer:
         _commit(conn, 50)
-        time.sleep(0.5)
-        assert checkpointer.runs == 0
+        deadline = time.monotonic() + 5.0
+        while checkpointer.last is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert checkpointer.last == (0, -1, -1)  # no WAL: nothing to copy back
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     assert not os.path.exists(path + "-wal")
     conn.close()
@@ -187,10 +193,10 @@ def test_another_file_named_is_opened_afresh(tmp_path, monkeypatch):
     one, two = _writer(first), _writer(second)
     with _running(lambda: named[0]) as checkpointer:
         _commit(one, 20)
-        _copied_back(checkpointer, first, 20)
+        _copied_back(checkpointer, 20)
         named[0] = second
         _commit(two, 300)  # far more frames than the first file ever held
-        _copied_back(checkpointer, second, 300)
+        _copied_back(checkpointer, 300)
         size = _wal_size(second)
         _commit(two, 300)
         assert _wal_size(second) < size * 1.2
@@ -214,7 +220,7 @@ def test_a_file_replaced_under_it_is_opened_afresh(tmp_path, mode):
         os.replace(restored, path)
         conn = _writer(path)
         _commit(conn, 100)
-        _copied_back(checkpointer, path, 100)
+        _copied_back(checkpointer, 100)
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (100,)
     conn.close()
 
@@ -235,7 +241,7 @@ def test_a_failing_look_is_logged_and_the_thread_goes_on(tmp_path, monkeypatch, 
     logged = caplog.at_level("WARNING", logger="approvals.listener")
     with logged, _running(lambda: path) as checkpointer:
         _commit(conn, 50)
-        _copied_back(checkpointer, path, 50)
+        _copied_back(checkpointer, 50)
     assert failed
     assert "WAL checkpoints failed: disk I/O error" in caplog.text
     conn.close()
@@ -295,5 +301,5 @@ def test_a_missing_file_is_not_created_and_is_taken_up_once_it_exists(tmp_path, 
         assert checkpointer.runs == 0
         conn = _writer(path)
         _commit(conn, 30)
-        assert _copied_back(checkpointer, path, 30)[0] == 0
+        assert _copied_back(checkpointer, 30)[0] == 0
     conn.close()
