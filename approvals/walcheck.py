@@ -24,8 +24,9 @@ backing off to ``SLOW``. It copies only when ``PRAGMA data_version`` says
 another connection committed since its last look (a checkpoint's own write to
 the database file wakes it, and is not a commit), and spaces its checkpoints
 so that each copies about ``TARGET_FRAMES`` (every ``FAST`` to ``SLOW``
-seconds): each one syncs the WAL and the database file, and a sync per commit
-would slow every writer.
+seconds, or ``QUIET_GAP`` while commits are few and small): each one syncs
+the WAL and the database file, and writes the database file, which wakes every
+process's watcher.
 
 It reads the database only through SQLite. Opening and closing the database's
 files (the ``-shm`` above all) with a descriptor of its own would drop the
@@ -66,6 +67,8 @@ TARGET_FRAMES = 250
 SLOW = 1.0
 #: With inotify: the longest sleep on the file events.
 FALLBACK = 30.0
+#: Seconds between checkpoints while the WAL grows by a few frames at a time.
+QUIET_GAP = 30.0
 _BACKOFF_MAX = 5.0
 
 
@@ -154,11 +157,12 @@ class Checkpointer:
                 # was still on them): copy back.
                 seen = version
                 before, self.last = self.last, self.checkpoint(conn)
-                self.spacing = _spacing(self.spacing, _copied(before, self.last))
-                delay = FAST
+                copied = _copied(before, self.last)
+                self.spacing = _spacing(self.spacing, copied)
+                delay = _pause(self.spacing, copied)
             else:  # woken by a checkpoint's write, or polling a quiet database
                 delay = min(delay * 2, SLOW)
-            if self._stop.wait(max(self.spacing, FAST if self._files is not None else delay)):
+            if self._stop.wait(max(delay, FAST)):
                 return
             if self._files is not None:
                 self._files.wait(FALLBACK)  # until the -wal (or the file) is written
@@ -190,6 +194,16 @@ def _spacing(spacing: float, copied: int) -> float:
     database file, so a busy database gets a few large ones, not one per commit."""
     wanted = spacing * TARGET_FRAMES / max(copied, 1)
     return min(max(wanted, spacing / 2, FAST), spacing * 2, SLOW)
+
+
+def _pause(spacing: float, copied: int) -> float:
+    """The wait after a checkpoint: its spacing, or ``QUIET_GAP`` once commits are
+    few and small (a heartbeat every few seconds): the commit that would reach
+    1,000 frames is far off, and each checkpoint writes the database file, which
+    wakes every process's watcher."""
+    if spacing >= SLOW and copied < TARGET_FRAMES // 10:
+        return QUIET_GAP
+    return spacing
 
 
 def start(listener: Any = None, alias: str = DEFAULT_DB_ALIAS) -> Checkpointer | None:

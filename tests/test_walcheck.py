@@ -144,6 +144,9 @@ def test_checkpoints_are_spaced_to_copy_about_target_frames_each():
     assert walcheck._spacing(slow, 100_000) == slow / 2  # large: at most halved
     assert walcheck._spacing(fast, 100_000) == fast
     assert walcheck._spacing(0.1, walcheck.TARGET_FRAMES) == pytest.approx(0.1)
+    assert walcheck._pause(0.1, 1) == 0.1
+    assert walcheck._pause(slow, walcheck.TARGET_FRAMES) == slow
+    assert walcheck._pause(slow, 3) == walcheck.QUIET_GAP  # a heartbeat now and then
     assert walcheck._copied(None, (0, 30, 30)) == 30
     assert walcheck._copied((0, 30, 30), (0, 80, 80)) == 50
     assert walcheck._copied((0, 300, 300), (0, 20, 20)) == 20  # the WAL started over
