@@ -45,6 +45,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from . import inotify
+from .daemon import GuardedThread
 
 logger = logging.getLogger("approvals.listener")
 
@@ -73,10 +74,9 @@ BURST = 0.5
 FALLBACK = 1.0
 IDLE_WAIT = 0.25
 _STAT_EVERY = 1.0
-_BACKOFF_MAX = 5.0
 
 
-class Watcher:
+class Watcher(GuardedThread):
     """A daemon thread that calls ``on_change()`` soon after another connection commits.
 
     ``active()`` says whether anybody here would care (waiters, sockets); while
@@ -85,27 +85,20 @@ class Watcher:
     """
 
     name = "toolgate-dbwatch"
+    failure = "database watcher failed"
 
     def __init__(
         self, alias: str, on_change: Callable[[], None], active: Callable[[], bool]
     ) -> None:
+        super().__init__()
         self.alias = alias
         self.on_change = on_change
         self.active = active
         self.changes = 0
-        self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._guarded, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def _interrupt(self) -> None:
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
     def wake(self) -> None:
         """Someone here started caring: end an idle wait now."""
@@ -117,22 +110,6 @@ class Watcher:
             self.on_change()
         except Exception:
             logger.exception("approvals: database watcher callback failed")
-
-    def _guarded(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self.run()
-            except Exception as exc:
-                logger.warning("approvals: database watcher failed: %s", exc)
-            if time.monotonic() - started > 30:
-                backoff = 0.1
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-
-    def run(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
 
 
 class SqliteWatcher(Watcher):
@@ -154,12 +131,11 @@ class SqliteWatcher(Watcher):
     def _path(self) -> str:
         return str(connections[self.alias].settings_dict["NAME"])
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def _interrupt(self) -> None:
         files = self._files
         if files is not None:
             files.interrupt()
-        super().stop(timeout)
+        super()._interrupt()
 
     def run(self) -> None:
         path = self._path()

@@ -44,8 +44,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +52,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import inotify
 from .conf import setting
+from .daemon import GuardedThread
 from .dbwatch import file_identity, sqlite_path
 
 logger = logging.getLogger("approvals.listener")
@@ -69,10 +68,9 @@ SLOW = 1.0
 FALLBACK = 30.0
 #: Seconds between checkpoints while the WAL grows by a few frames at a time.
 QUIET_GAP = 30.0
-_BACKOFF_MAX = 5.0
 
 
-class Checkpointer:
+class Checkpointer(GuardedThread):
     """A daemon thread copying one SQLite database's WAL back into it (passive checkpoints).
 
     ``path()`` names the file; at every look a renamed, replaced or other file
@@ -84,8 +82,10 @@ class Checkpointer:
     """
 
     name = "toolgate-checkpoint"
+    failure = "WAL checkpoints failed"
 
     def __init__(self, path: Callable[[], str]) -> None:
+        super().__init__()
         self.path = path
         self.looks = 0
         self.runs = 0
@@ -94,35 +94,13 @@ class Checkpointer:
         self.spacing = FAST
         self.mode = ""  # "inotify" or "poll", once the file is open
         self._files: inotify.DirWatch | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._guarded, name=self.name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def _interrupt(self) -> None:
         files = self._files
         if files is not None:
             files.interrupt()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
-    def _guarded(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self._run()
-            except Exception as exc:
-                logger.warning("approvals: WAL checkpoints failed: %s", exc)
-            if time.monotonic() - started > 30:
-                backoff = 0.1
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-
-    def _run(self) -> None:
+    def run(self) -> None:
         path = self.path()
         ident = file_identity(path)
         if ident is None:

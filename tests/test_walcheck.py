@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
-from approvals import dbwatch, gate, listenhooks, walcheck
+from approvals import daemon, dbwatch, gate, listenhooks, walcheck
 from approvals import listener as listener_module
 from approvals.listener import get_listener
 
@@ -296,7 +296,7 @@ def test_the_listener_runs_it_on_the_database_and_the_setting_turns_it_off():
 
 
 def test_a_missing_file_is_not_created_and_is_taken_up_once_it_exists(tmp_path, monkeypatch):
-    monkeypatch.setattr(walcheck, "_BACKOFF_MAX", 0.05)
+    monkeypatch.setattr(daemon, "_BACKOFF_MAX", 0.05)
     path = str(tmp_path / "later.sqlite3")
     with _running(lambda: path) as checkpointer:
         time.sleep(0.3)
