@@ -41,7 +41,6 @@ for a tool that manages the WAL itself.
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 from collections.abc import Callable
@@ -54,8 +53,6 @@ from . import inotify
 from .conf import setting
 from .daemon import GuardedThread
 from .dbwatch import file_identity, sqlite_path
-
-logger = logging.getLogger("approvals.listener")
 
 #: The shortest time between looks.
 FAST = 0.02
