@@ -85,7 +85,9 @@ def test_a_delivery_written_while_the_receiver_is_down_arrives_after_a_restart(q
 def _race(child_env, count: int = 150) -> set[str]:
     """Two sites send ``count`` deliveries; each arrives once. Returns who sent them."""
     receiver = Receiver()
-    receiver.hang = 0.02
+    # Each answer takes 50 ms: one site's 8 senders need about a second for 150
+    # deliveries, the other site's 1-second poll of the outbox falls inside it.
+    receiver.hang = 0.05
     Webhook.objects.create(url=receiver.url, events=["approval.requested"])
     sites = [procs.start_daphne(child_env, approvals=APPROVALS) for _ in range(2)]
     try:
