@@ -154,7 +154,7 @@ class SqliteWatcher(Watcher):
             conn.close()
 
     def _watch(self, conn: sqlite3.Connection, path: str, ident: tuple | None) -> None:
-        version = _data_version(conn)
+        version = data_version(conn)
         # (Re)opened: whatever happened before is unknown, so look once.
         self._changed()
         delay = FAST_POLL
@@ -182,7 +182,7 @@ class SqliteWatcher(Watcher):
                 # database renamed: open the new one.
                 if self._path() != path or file_identity(path) != ident or self._gone():
                     return
-            seen = _data_version(conn)
+            seen = data_version(conn)
             if seen != version:
                 version = seen
                 delay = FAST_POLL
@@ -216,7 +216,8 @@ class SqliteWatcher(Watcher):
         return self._files is not None and self._files.gone
 
 
-def _data_version(conn: sqlite3.Connection) -> int:
+def data_version(conn: sqlite3.Connection) -> int:
+    """This connection's ``PRAGMA data_version``: it moves when another connection commits."""
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 

@@ -52,7 +52,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from . import inotify
 from .conf import setting
 from .daemon import GuardedThread
-from .dbwatch import file_identity, sqlite_path
+from .dbwatch import data_version, file_identity, sqlite_path
 
 #: The shortest time between looks.
 FAST = 0.02
@@ -125,7 +125,7 @@ class Checkpointer(GuardedThread):
         # (Re)opened: what was written meanwhile is unknown, so look at once.
         while self.path() == path and file_identity(path) == ident:
             self.looks += 1
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            version = data_version(conn)
             left = self.last is not None and self.last[1] != self.last[2]
             if version != seen or left:
                 # Committed to since the last look, or frames left behind (a reader

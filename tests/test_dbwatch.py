@@ -112,7 +112,7 @@ def test_after_an_event_it_keeps_looking_until_data_version_moves(tmp_path, monk
     """A WAL commit writes the -wal file (an event), then the -shm (none): the first
     look after the event may see nothing yet, so it must look again without events."""
     monkeypatch.setattr(dbwatch, "FALLBACK", 3600.0)
-    real, last, frozen, stale_reads = dbwatch._data_version, [0], threading.Event(), []
+    real, last, frozen, stale_reads = dbwatch.data_version, [0], threading.Event(), []
 
     def lagging(conn: sqlite3.Connection) -> int:
         if threading.current_thread() is not watcher._thread:  # this process's listener's
@@ -123,7 +123,7 @@ def test_after_an_event_it_keeps_looking_until_data_version_moves(tmp_path, monk
         last[0] = real(conn)
         return last[0]
 
-    monkeypatch.setattr(dbwatch, "_data_version", lagging)
+    monkeypatch.setattr(dbwatch, "data_version", lagging)
     with _running(tmp_path) as (path, kicks, watcher):
         _wait_for(kicks)
         _settled(watcher)
