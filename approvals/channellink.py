@@ -301,3 +301,12 @@ def _with_read_timeout(hosts: Any) -> list:
 
 
 _UNSET = object()
+
+
+def wire(event: dict) -> dict:
+    """The event as the layer can encode it: a user's primary key that is not an int
+    or a string (a UUID, say) travels as its string; consumers compare as strings."""
+    user_id = event.get("_user_id")
+    if user_id is None or isinstance(user_id, int | str):
+        return event
+    return {**event, "_user_id": str(user_id)}

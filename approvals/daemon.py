@@ -4,6 +4,8 @@ The database watchers (:mod:`approvals.dbwatch`) and the WAL checkpoints
 (:mod:`approvals.walcheck`) run as such threads: ``run()`` returns to be run
 again (a file replaced, a connection lost) or raises (logged as a warning),
 and the next run waits 0.1 s, doubling up to 5 s while runs keep ending soon.
+:func:`drop_connection` is how the listener's and the outbox worker's threads
+clean up after a failed pass.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+
+from django.db import close_old_connections, connection
 
 logger = logging.getLogger("approvals.listener")
 
@@ -56,3 +60,20 @@ class GuardedThread:
 
     def run(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
+
+
+def drop_connection() -> None:
+    """Close this thread's connection after a failed pass, whatever state it is in.
+
+    Each step on its own: ``close_old_connections`` may itself fail on a
+    connection in a bad state, and the close must still happen, or a
+    transaction left open (holding SQLite's write lock) would outlive the pass.
+    """
+    try:
+        close_old_connections()
+    except Exception:
+        pass
+    try:
+        connection.close()
+    except Exception:
+        pass

@@ -221,6 +221,32 @@ def data_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 
+def commit_mark(alias: str) -> tuple | None:
+    """Where the calling thread's connection to ``alias`` stands: ``(connection,
+    PRAGMA data_version)`` on an SQLite file, ``None`` on any other database
+    (PostgreSQL, memory), where there is no such number.
+
+    Two marks are :func:`unchanged` when nothing was committed by another
+    connection in between, so a read made at the first would find the same rows
+    at the second. Take the mark *before* the read it stands for, so that a
+    commit during the read shows at the next look; what the thread writes on
+    that connection itself does not move it.
+    """
+    if sqlite_path(alias) is None:
+        return None
+    conn = connections[alias]
+    conn.ensure_connection()
+    raw = conn.connection
+    # The connection itself, not its id: a new one must never look unchanged.
+    return (raw, data_version(raw))
+
+
+def unchanged(before: tuple | None, now: tuple | None) -> bool:
+    """Whether two :func:`commit_mark` marks show no commit in between (never
+    across connections, nor where there is no mark)."""
+    return before is not None and now is not None and before[0] is now[0] and before[1] == now[1]
+
+
 def sqlite_path(alias: str) -> str | None:
     """The file of the SQLite database ``alias``; ``None`` for another database
     or one in memory."""

@@ -30,13 +30,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import connection
 
 from . import pgnotify
-from .channellink import LayerLink, own_layer_instance
+from .channellink import LayerLink, own_layer_instance, wire
 from .conf import setting
+from .daemon import drop_connection
 from .dbtail import DatabaseTail, decided_among
-from .dbwatch import Watcher, watcher_for
+from .dbwatch import Watcher, commit_mark, unchanged, watcher_for
 from .leases import Lease, new_key
 from .listenhooks import _handlers, _periodic, _starters
 from .listenhooks import every as every  # re-exported: the hooks' public home
@@ -75,6 +76,9 @@ class Listener:
         self._threads: list[threading.Thread] = []
         self._companions: list[Any] = []
         self._watcher: Watcher | None = None
+        # Slots and sockets added so far, and where each read of a pass last stood.
+        self._added = 0
+        self._read_at: dict[str, tuple] = {}
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -140,6 +144,7 @@ class Listener:
     def register(self, slot: Slot) -> Slot:
         with self._lock:
             self._slots[slot.approval_id] = slot
+            self._added += 1
         self._wake_watcher()
         return slot
 
@@ -167,6 +172,7 @@ class Listener:
         """Call ``callback(event)`` for every event; it must be thread-safe and not block."""
         with self._lock:
             self._subscribers.add(callback)
+            self._added += 1
         self._kick.set()
         self._wake_watcher()
         return lambda: self._unsubscribe(callback)
@@ -256,7 +262,7 @@ class Listener:
                 # connection gone bad): it is what wakes waiters when messages
                 # are lost. Drop the connection and try again next pass.
                 logger.warning("approvals: database re-check failed: %s", exc)
-                _drop_connection()
+                drop_connection()
         try:
             connection.close()
         except Exception:
@@ -270,32 +276,57 @@ class Listener:
             has_subscribers = bool(self._subscribers)
         now = time.monotonic()
         if waiting or has_subscribers:
-            # Rows decided lately (an indexed range, not one look-up per waiter),
-            # then, now and then, every waiting id: the net under the net, for a
-            # decision committed later than the tail's overlap allows.
-            # A pass a watcher kicked looks back a moment; one a RECHECK_INTERVAL
-            # looks back the whole overlap (dbtail._DECIDED_OVERLAP).
-            full = now - self._last_full_tail >= float(setting("RECHECK_INTERVAL"))
-            if full:
-                self._last_full_tail = now
-            for event in self._tail.poll_decided(self._is_known_final, full=full):
-                self.deliver(event)
-            if waiting and now - self._last_full_check >= _FULL_CHECK_SECONDS:
-                self._last_full_check = now
-                for event in decided_among(waiting):
-                    self.deliver(event)
-        else:
+            self._read_tails(waiting, has_subscribers, now)
+        if not waiting and not has_subscribers:
             self._tail.reset_decided()
-        if has_subscribers:
-            for event in self._tail.poll_created():
-                self.deliver(event)
-        else:
+        if not has_subscribers:
             self._tail.reset_created()
         if self.lease.written and now - self._last_heartbeat >= setting("HEARTBEAT_INTERVAL"):
             self._beat(now)
         self._run_periodic(now)
         if not waiting and not has_subscribers:
             connection.close()  # an idle process holds no database connection
+
+    def _read_tails(self, waiting: list[str], has_subscribers: bool, now: float) -> None:
+        """Rows decided lately (an indexed range, not one look-up per waiter); now and
+        then every waiting id, the net under the net for a decision committed later
+        than the tail's overlap allows; rows created, for sockets. A pass a watcher
+        kicked looks back a moment, one a ``RECHECK_INTERVAL`` the whole overlap.
+
+        On an SQLite file a read is skipped while nothing was committed and no slot
+        or socket was added since it last ran (:func:`~approvals.dbwatch.commit_mark`):
+        it would find what it found then. What this thread writes itself (its
+        lease, the periodic tasks' decisions) is announced by the code that writes it.
+        """
+        with self._lock:
+            added = self._added
+        db = commit_mark(connection.alias)
+        mark = None if db is None else (db, added)
+        full = now - self._last_full_tail >= float(setting("RECHECK_INTERVAL"))
+        if self._stale("full" if full else "tail", mark):
+            if full:
+                self._last_full_tail = now
+            for event in self._tail.poll_decided(self._is_known_final, full=full):
+                self.deliver(event)
+            self._read("full" if full else "tail", mark)
+        if waiting and now - self._last_full_check >= _FULL_CHECK_SECONDS:
+            if self._stale("among", mark):
+                for event in decided_among(waiting):
+                    self.deliver(event)
+                self._read("among", mark)
+            self._last_full_check = now
+        if has_subscribers and self._stale("created", mark):
+            for event in self._tail.poll_created():
+                self.deliver(event)
+            self._read("created", mark)
+
+    def _stale(self, read: str, mark: tuple | None) -> bool:
+        before = self._read_at.get(read)
+        return not (before and mark and before[1] == mark[1] and unchanged(before[0], mark[0]))
+
+    def _read(self, read: str, mark: tuple | None) -> None:
+        if mark is not None:
+            self._read_at.update({read: mark, "tail": mark} if read == "full" else {read: mark})
 
     def _run_periodic(self, now: float) -> None:
         for name, periodic in list(_periodic.items()):
@@ -317,32 +348,6 @@ class Listener:
     def _is_known_final(self, approval_id: str, status: str) -> bool:
         with self._lock:
             return self._seen.get(approval_id) == status
-
-
-def _drop_connection() -> None:
-    """Close this thread's connection after a failed pass, whatever state it is in.
-
-    Each step on its own: ``close_old_connections`` may itself fail on a
-    connection in a bad state, and the close must still happen, or a
-    transaction left open (holding SQLite's write lock) would outlive the pass.
-    """
-    try:
-        close_old_connections()
-    except Exception:
-        pass
-    try:
-        connection.close()
-    except Exception:
-        pass
-
-
-def wire(event: dict) -> dict:
-    """The event as the layer can encode it: a user's primary key that is not an int
-    or a string (a UUID, say) travels as its string; consumers compare as strings."""
-    user_id = event.get("_user_id")
-    if user_id is None or isinstance(user_id, int | str):
-        return event
-    return {**event, "_user_id": str(user_id)}
 
 
 _listener: Listener | None = None

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.core.mail import send_mail
-from django.db import close_old_connections, connection
-from django.db.models import F, Q
+from django.db import connection
+from django.db.models import F, Min, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from . import __version__
 from .conf import setting
+from .daemon import drop_connection
+from .dbwatch import commit_mark, unchanged
 from .models import Delivery
 from .notify_bodies import sign
 
@@ -83,6 +86,13 @@ def claim(owner: str, limit: int) -> tuple[str, list[Delivery]]:
     )
     rows = Delivery.objects.filter(pk__in=ids, claimed_by=token).select_related("webhook")
     return token, list(rows)
+
+
+def next_due():
+    """When the earliest pending delivery falls due: past its next attempt and its
+    claim's lease (``None``: nothing pending)."""
+    at = Greatest("next_attempt_at", Coalesce("claimed_until", "next_attempt_at"))
+    return Delivery.objects.filter(status="pending").aggregate(due=Min(at))["due"]
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -169,6 +179,10 @@ class Worker:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._busy = 0
+        self._forced = False
+        # After a look that claimed nothing (SQLite file): its commit mark, and when
+        # the earliest pending delivery falls due (None: none pending).
+        self._quiet: tuple | None = None
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="toolgate-send")
         self._thread = threading.Thread(target=self._run, name="toolgate-notify", daemon=True)
 
@@ -178,6 +192,8 @@ class Worker:
 
     def wake(self) -> None:
         """Look at the outbox now (called after a transaction that wrote deliveries)."""
+        with self._lock:
+            self._forced = True
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -197,16 +213,27 @@ class Worker:
                 self.pump()
             except Exception as exc:  # a database outage: try again next time
                 logger.warning("approvals: outbox worker failed: %s", exc)
-                _drop_connection()
-        _drop_connection()
+                drop_connection()
+        drop_connection()
 
     def pump(self) -> int:
-        """Claim as many due deliveries as there are free senders, and start them."""
+        """Claim as many due deliveries as there are free senders, and start them.
+
+        On an SQLite file, a look that claimed nothing is not repeated until
+        something is committed (:func:`~approvals.dbwatch.commit_mark`), the
+        earliest pending delivery falls due, or :meth:`wake` is called: an idle
+        process's once-a-second poll then costs microseconds.
+        """
         with self._lock:
             free = self.concurrency - self._busy
-        if free <= 0:
+            if free <= 0:
+                return 0
+            forced, self._forced = self._forced, False
+        mark = commit_mark(connection.alias)
+        if not forced and self._still_quiet(mark):
             return 0
         token, rows = claim(self.owner, free)
+        self._quiet = None if rows or mark is None else (mark, next_due())
         for delivery in rows:
             with self._lock:
                 self._busy += 1
@@ -214,6 +241,12 @@ class Worker:
         if len(rows) == free:
             self._wake.set()  # more may be due: look again when a sender is free
         return len(rows)
+
+    def _still_quiet(self, mark: tuple | None) -> bool:
+        if self._quiet is None or not unchanged(self._quiet[0], mark):
+            return False
+        due = self._quiet[1]
+        return due is None or timezone.now() < due
 
     def _send(self, delivery: Delivery, token: str) -> None:
         try:
@@ -223,16 +256,7 @@ class Worker:
         finally:
             with self._lock:
                 self._busy -= 1
-            self._wake.set()
-
-
-def _drop_connection() -> None:
-    # This thread must outlive any failure, cleaning up included.
-    try:
-        close_old_connections()
-        connection.close()
-    except Exception:
-        pass
+            self.wake()
 
 
 _worker: Worker | None = None

@@ -13,11 +13,14 @@ with the lock released): what those releases cost when the event loop's
 thread is waiting to take the lock. ``/bench/gc`` answers what the garbage
 collector has done in the serving process since it loaded these routes: the
 collections of each generation, their CPU time and the longest one.
+``/bench/threads`` names the serving process's Python threads by their kernel
+thread ids, so that per-thread CPU read from ``/proc`` can be put to a name.
 """
 
 import gc
 import hashlib
 import json
+import threading
 import time
 
 from django.http import JsonResponse
@@ -81,8 +84,13 @@ def collections(request):
     return JsonResponse(_collected)
 
 
+def thread_names(request):
+    return JsonResponse({str(t.native_id): t.name for t in threading.enumerate()})
+
+
 urlpatterns = [
     path("bench/gc", collections),
+    path("bench/threads", thread_names),
     path("bench/ping", ping),
     path("bench/user", user),
     path("bench/releases", releases),

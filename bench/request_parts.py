@@ -86,6 +86,34 @@ def thread_counts(pid: int) -> tuple[float, float, int, int]:
     return main, other, main_sw, other_sw
 
 
+def per_thread(pid: int) -> dict[str, float]:
+    """CPU seconds of each of ``pid``'s threads by kernel thread id, from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        spent[tid] = (int(fields[11]) + int(fields[12])) / tick
+    return spent
+
+
+def by_name(server, before: dict[str, float], after: dict[str, float], calls: int) -> dict:
+    """Milliseconds of CPU per request for each named thread (``/bench/threads``);
+    threads Python does not know (daphne's or a library's own) as ``other``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/bench/threads", timeout=10) as r:
+        names = json.load(r)
+    spent: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, "other")
+        if name.startswith(("ThreadPoolExecutor", "django-sync-")):
+            name = "request threads"
+        spent[name] = spent.get(name, 0.0) + (seconds - before.get(tid, 0.0)) / calls * MS
+    return spent
+
+
 def collections(server) -> dict:
     """What daphne's garbage collector has done so far (``/bench/gc``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/bench/gc", timeout=10) as r:
@@ -109,6 +137,7 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
     server = wait_ready(start_daphne(env))
     agent = Agent()
     samples: dict[str, list[tuple[float, ...]]] = {kind: [] for kind in KINDS}
+    named: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     try:
         _load(server, sessionid, clients, kind="trivial", count=200)  # warm up
         for _ in range(rounds):
@@ -122,8 +151,10 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
                 _load(server, sessionid, clients, kind="trivial", count=100)
                 gc0 = collections(server)
                 before = thread_counts(server.proc.pid)
+                tids = per_thread(server.proc.pid)
                 seconds = _load(server, sessionid, clients, **job)["seconds"]
                 after = thread_counts(server.proc.pid)
+                named[kind].append(by_name(server, tids, per_thread(server.proc.pid), calls))
                 gc1 = collections(server)
                 per_call = [(a - b) / calls for a, b in zip(after, before, strict=True)]
                 collected = (sum(gc1["cpu"]) - sum(gc0["cpu"])) / calls
@@ -139,9 +170,15 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
             "switches": statistics.median(s[3] + s[4] for s in rows),
             "gc_ms": statistics.median(s[5] for s in rows) * MS,
             "collector": whole,
+            "by_thread": _median_by_name(named[kind]),
         }
         for kind, rows in samples.items()
     }
+
+
+def _median_by_name(rounds: list[dict]) -> dict[str, float]:
+    names = {name for spent in rounds for name in spent}
+    return {name: statistics.median(spent.get(name, 0.0) for spent in rounds) for name in names}
 
 
 def main() -> None:
@@ -182,6 +219,11 @@ def main() -> None:
     figures["longest_collection_ms"] = figure(
         whole["longest"] * MS, "ms", "daphne's longest garbage collection"
     )
+    notes = []
+    for kind, r in parts.items():
+        spent = sorted(r["by_thread"].items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{name} {ms:.3f}" for name, ms in spent if ms >= 0.005)
+        notes.append(f"{kind}: daphne CPU per request by thread, ms: {shown}")
     share = parts["decide"]["rate"] / parts["ping"]["rate"] * 100
     figures["decide_share"] = figure(share, "%", "decide: requests/s as a share of ping's")
     report(
@@ -191,6 +233,7 @@ def main() -> None:
             f"{calls} requests per kind and round, {opts.rounds} rounds (medians), "
             f"{opts.clients} clients, one daphne process, SQLite, no Redis",
             f"load average {os.getloadavg()[0]:.1f} at the end",
+            *notes,
         ],
     )
 

@@ -470,7 +470,7 @@ def test_many_sockets_all_get_each_event_once(users):
 
 def test_events_from_other_processes_may_carry_the_user_as_a_string(users):
     """A UUID primary key cannot travel through the layer as is: it is sent as a string."""
-    from approvals.listener import wire as _wire
+    from approvals.channellink import wire as _wire
 
     key = uuid.uuid4()
     wired = _wire({"type": "tool_start", "approval_id": "x", "_user_id": key})

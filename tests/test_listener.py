@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
-from approvals import gate, listenhooks
+from approvals import daemon, gate, listenhooks
 from approvals import listener as listener_module
 from approvals.listener import Listener, get_listener
 from approvals.models import Approval, ProcessLease
@@ -37,7 +40,7 @@ def test_recheck_survives_a_failing_pass_and_a_failing_cleanup(monkeypatch):
         raise RuntimeError("Database access not allowed")
 
     monkeypatch.setattr(Listener, "recheck", flaky)
-    monkeypatch.setattr(listener_module, "close_old_connections", cleanup_fails)
+    monkeypatch.setattr(daemon, "close_old_connections", cleanup_fails)
     listener._kick.set()
     try:
         # First the failing pass (a pass already running when the patch went in
@@ -100,7 +103,7 @@ def test_a_failed_pass_closes_its_connection_even_when_the_cleanup_check_fails(m
 
     with monkeypatch.context() as patched:
         patched.setattr(type(connections["default"]), "ensure_connection", refused)
-        listener_module._drop_connection()
+        daemon.drop_connection()
     assert connection.connection is None
     if sqlite:  # the write lock is free: another connection writes at once
         other = sqlite3.connect(connection.settings_dict["NAME"], timeout=0)
@@ -112,6 +115,33 @@ def test_a_failed_pass_closes_its_connection_even_when_the_cleanup_check_fails(m
 
 
 @pytest.mark.django_db(transaction=True)
+def _commit_elsewhere() -> None:
+    """A commit on another connection, as another process's would be."""
+
+    def write() -> None:
+        try:
+            Group.objects.create(name=f"commit-{uuid.uuid4().hex}")
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join()
+
+
+def _recording_looks(lis: Listener) -> list[bool]:
+    """Each ``poll_decided`` of ``lis``'s passes, as its ``full`` flag."""
+    looks: list[bool] = []
+    real = lis._tail.poll_decided
+
+    def recording(known, *, full=True):
+        looks.append(full)
+        return real(known, full=full)
+
+    lis._tail.poll_decided = recording
+    return looks
+
+
 def test_kicked_passes_look_quickly_and_one_per_interval_looks_back_the_whole_overlap(settings):
     """The database watcher kicks a pass per commit; only one pass per
     RECHECK_INTERVAL reads the whole overlap (a busy process would otherwise read
@@ -121,17 +151,75 @@ def test_kicked_passes_look_quickly_and_one_per_interval_looks_back_the_whole_ov
     settings.APPROVALS = {"RECHECK_INTERVAL": 60}
     lis = Listener()  # not started: passes run here, one at a time
     lis.register(Slot("waiting-id"))
-    looks: list[bool] = []
-    real = lis._tail.poll_decided
-
-    def recording(known, *, full=True):
-        looks.append(full)
-        return real(known, full=full)
-
-    lis._tail.poll_decided = recording
+    looks = _recording_looks(lis)
     for _ in range(5):
+        _commit_elsewhere()  # what the watcher kicks a pass for
         lis.recheck()
     lis._last_full_tail -= 61  # as if RECHECK_INTERVAL had passed since the last full look
+    _commit_elsewhere()
     lis.recheck()
+    _commit_elsewhere()
     lis.recheck()
     assert looks == [True, False, False, False, False, True, False]
+
+
+def test_a_pass_reads_only_what_may_have_changed(settings):
+    """On an SQLite file a pass reads nothing while nobody committed and no waiter
+    came (``PRAGMA data_version``): it would find what the last read found. A
+    commit kicks a quick look, and the next full look still comes, since a quick
+    one does not reach back far enough for a commit that came late. Elsewhere
+    (PostgreSQL) every pass reads."""
+    from approvals.waiting import Slot
+
+    settings.APPROVALS = {"RECHECK_INTERVAL": 60}
+    lis = Listener()
+    lis.register(Slot("waiting-a"))
+    looks = _recording_looks(lis)
+    lis.recheck()
+    lis.recheck()
+    lis._last_full_tail -= 61
+    lis.recheck()  # a full look is due, but nothing changed since the last one
+    if connection.vendor != "sqlite":
+        assert looks == [True, False, True]
+        return
+    assert looks == [True]
+    _commit_elsewhere()
+    lis.recheck()  # full: due since the pass before
+    _commit_elsewhere()
+    lis.recheck()
+    lis.recheck()
+    lis._last_full_tail -= 61
+    lis.recheck()  # due, and a commit came after the last full look
+    lis.recheck()
+    lis.register(Slot("waiting-b"))
+    lis.recheck()
+    assert looks == [True, True, False, True, False]
+
+
+def test_a_decision_made_on_a_quiet_database_still_wakes_its_waiter(settings):
+    """The skipped reads lose nothing: a decision committed by another connection
+    between two passes is read by the next one."""
+    settings.APPROVALS = {"RECHECK_INTERVAL": 60}
+    lis = Listener()
+    aid = gate.new_approval_id()
+    Approval.objects.create(approval_id=aid, expires_at=timezone.now() + timedelta(hours=1))
+    from approvals.waiting import Slot
+
+    slot = lis.register(Slot(aid))
+    lis.recheck()
+    lis.recheck()
+    assert slot.status is None
+
+    def decide_elsewhere() -> None:
+        try:
+            Approval.objects.filter(approval_id=aid).update(
+                status="denied", decided_via="api", decided_at=timezone.now()
+            )
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=decide_elsewhere)
+    writer.start()
+    writer.join()
+    lis.recheck()
+    assert slot.wait(0) == "denied"

@@ -14,8 +14,9 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals import gate, hooks, listener, notify_worker, outbox
@@ -270,6 +271,62 @@ def test_a_crashed_claimers_lease_runs_out(quiet, receiver):
         token, rows = notify_worker.claim("other", 10)
         notify_worker.send_one(rows[0], token)
     assert receiver.wait_for(1)[0].headers["x-toolgate-delivery"] == str(row.delivery_id)
+
+
+def _elsewhere(write):
+    """Run ``write()`` on another thread's connection, as another process would."""
+    done: list = []
+
+    def run() -> None:
+        try:
+            done.append(write())
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    writer.join()
+    return done[0]
+
+
+def test_an_idle_worker_reads_the_outbox_only_when_something_may_be_due(quiet, receiver):
+    """On an SQLite file a look that claimed nothing is not repeated, not even as a
+    query, until another connection commits, the earliest pending delivery falls
+    due, or ``wake()``; a delivery is sent all the same. On PostgreSQL every look reads."""
+    hook = _elsewhere(lambda: _hook(receiver))
+    w = notify_worker.Worker("idle-test")  # not started: each look runs here
+    sqlite = connection.vendor == "sqlite"
+
+    def look() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as seen:
+            claimed = w.pump()
+        return claimed, len(seen.captured_queries)
+
+    try:
+        with settings_with():
+            assert look()[1] > 0
+            assert look() == (0, 0 if sqlite else 1)
+            due = timezone.now() + timedelta(seconds=0.6)
+            _elsewhere(
+                lambda: Delivery.objects.create(
+                    webhook=hook, event="ping", body="{}", next_attempt_at=due
+                )
+            )
+            claimed, queries = look()  # a commit came: read, but nothing is due yet
+            assert claimed == 0 and queries > 0
+            assert look() == (0, 0 if sqlite else 1)
+            while timezone.now() < due:
+                time.sleep(0.05)
+            assert look()[0] == 1  # due now: claimed without any commit or wake
+            assert receiver.wait_for(1)[0].headers["x-toolgate-event"] == "ping"
+            _settled(1)
+            w._wake.clear()
+            w.pump()  # reads what the sender recorded
+            assert look() == (0, 0 if sqlite else 1)
+            w.wake()
+            assert look()[1] > 0
+    finally:
+        w._pool.shutdown(wait=True)
 
 
 def test_send_test_and_retry_in_the_admin(quiet, receiver, admin_client):
