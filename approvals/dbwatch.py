@@ -16,8 +16,9 @@ what is delivered (the database is the truth, and delivery dedupes).
   ``-wal`` file (an event) and then the wal-index in the mmapped ``-shm`` (no
   event), so ``data_version`` may move just after the event: after an event
   the thread reads it at once, again 1 ms later, backing off to 30 ms, and
-  goes on until ``BURST`` seconds passed with no event and no change; then it
-  sleeps on the events again. Where inotify is missing (macOS,
+  goes on until ``BURST`` seconds passed with no event and no change, or
+  ``SETTLED`` seconds after the change it was waiting for; then it sleeps on
+  the events again. Where inotify is missing (macOS,
   the limits reached) it reads every 5 ms just after a change, backing off to
   30 ms when quiet. Either way it does not look at all while the process has
   no waiter and no socket.
@@ -65,6 +66,11 @@ EVENT_POLL = 0.001
 #: reads per burst; while commits keep coming the bursts join up into the
 #: polling used without inotify.
 BURST = 0.5
+#: With inotify: seconds of fast polling left once ``data_version`` moved. The
+#: change an event announced has been seen, and the next commit brings an event
+#: of its own, which wakes a thread parked on the events sooner than a poll does;
+#: so an idle process's burst after a heartbeat is about ten reads, not thirty.
+SETTLED = 0.1
 #: With inotify: the longest sleep on the file events. Only a missed event
 #: (a file system whose writes inotify does not see, such as NFS from another
 #: host) waits this long, and a wake-up a second costs next to nothing; the
@@ -186,7 +192,7 @@ class SqliteWatcher(Watcher):
             if seen != version:
                 version = seen
                 delay = FAST_POLL
-                busy_until = now + BURST
+                busy_until = now + SETTLED
                 self._changed()
             else:
                 delay = min(delay * 1.25, SLOW_POLL)

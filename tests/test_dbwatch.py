@@ -138,6 +138,24 @@ def test_after_an_event_it_keeps_looking_until_data_version_moves(tmp_path, monk
         _wait_for(kicks)
 
 
+@linux_only
+def test_once_the_change_is_seen_it_sleeps_on_the_events_again(tmp_path, monkeypatch):
+    """An idle process's watcher wakes for each heartbeat written elsewhere: once
+    the change an event announced is seen it polls only ``SETTLED`` more (not a
+    whole ``BURST``), and the next commit still wakes it through its own event."""
+    with _running(tmp_path) as (path, kicks, watcher):
+        _wait_for(kicks)
+        if watcher.mode != "inotify":
+            pytest.skip("no inotify here (the limits reached?)")
+        _settled(watcher)
+        monkeypatch.setattr(dbwatch, "BURST", 60.0)  # an unexplained event: a minute of polls
+        for _ in range(2):
+            _write_in_another_process(path)
+            _wait_for(kicks)
+            watcher.parked.clear()
+            assert watcher.parked.wait(10), "still polling after the change was seen"
+
+
 @pytest.mark.usefixtures("no_inotify")
 def test_without_inotify_it_polls_and_a_commit_elsewhere_still_kicks(tmp_path):
     with _running(tmp_path) as (path, kicks, watcher):
