@@ -321,12 +321,15 @@ class Listener:
             self._read("created", mark)
 
     def _stale(self, read: str, mark: tuple | None) -> bool:
+        """Whether ``read`` must run: marks are ``(commit mark, slots and sockets added)``."""
         before = self._read_at.get(read)
         return not (before and mark and before[1] == mark[1] and unchanged(before[0], mark[0]))
 
     def _read(self, read: str, mark: tuple | None) -> None:
         if mark is not None:
-            self._read_at.update({read: mark, "tail": mark} if read == "full" else {read: mark})
+            self._read_at[read] = mark
+            if read == "full":
+                self._read_at["tail"] = mark  # it read all a quick look would
 
     def _run_periodic(self, now: float) -> None:
         for name, periodic in list(_periodic.items()):
