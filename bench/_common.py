@@ -109,6 +109,32 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of another process, by kernel thread id (Linux
+    ``/proc/<pid>/task/*/schedstat``, nanoseconds)."""
+    spent = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                spent[tid] = int(fh.read().split()[0]) / 1e9
+        except OSError:
+            continue  # the thread ended meanwhile
+    return spent
+
+
+def cpu_by_name(
+    names: dict[str, str], before: dict[str, float], after: dict[str, float], scale: float
+) -> dict[str, float]:
+    """The CPU each named thread used between two :func:`thread_cpu` readings, times
+    ``scale``, largest first; ``names`` maps kernel thread ids to names (a thread
+    not in it counts as ``other``: daphne's or a library's own)."""
+    spent: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, "other")
+        spent[name] = spent.get(name, 0.0) + (seconds - before.get(tid, 0.0)) * scale
+    return dict(sorted(spent.items(), key=lambda item: -item[1]))
+
+
 def cpu_seconds() -> float:
     """CPU time (user + system) this process has used so far, all threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import child_env, cpu_of, percentile, rss_mib, rss_of
+from _common import child_env, cpu_by_name, cpu_of, percentile, rss_mib, rss_of, thread_cpu
 
 MS = 1000.0
 GATE = str(Path(__file__).resolve().with_name("gate.py"))
@@ -79,28 +78,6 @@ def _ready(**info) -> None:
     thread id to name); it measures this process from outside."""
     info["threads"] = {str(t.native_id): t.name for t in threading.enumerate()}
     print("SECTION " + json.dumps(info), flush=True)
-
-
-def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of ``pid`` by kernel thread id (``/proc``, Linux)."""
-    spent = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                spent[tid] = int(fh.read().split()[0]) / 1e9
-        except OSError:
-            continue  # the thread ended meanwhile
-    return spent
-
-
-def by_thread(info: dict, before: dict[str, float], after: dict[str, float], seconds: float):
-    """Percent of a core each named thread used; threads Python does not know as ``other``."""
-    names = info.get("threads", {})
-    spent: dict[str, float] = {}
-    for tid, cpu in after.items():
-        name = names.get(tid, "other")
-        spent[name] = spent.get(name, 0.0) + 100 * (cpu - before.get(tid, 0.0)) / seconds
-    return dict(sorted(spent.items(), key=lambda item: -item[1]))
 
 
 class PollingGate:
@@ -207,11 +184,12 @@ def run_child(
             raise RuntimeError(f"section {section} failed:\n{errors.read()[-3000:]}")
         time.sleep(2.0)  # settle: every waiter has started waiting
         info["rss_delta_mib"] = rss_of(proc.pid) - info["base_rss_mib"]
-        c0, t0, threads0 = cpu_of(proc.pid), time.monotonic(), _thread_cpu(proc.pid)
+        c0, t0, threads0 = cpu_of(proc.pid), time.monotonic(), thread_cpu(proc.pid)
         time.sleep(idle)
         seconds = time.monotonic() - t0
         info["idle_cpu_percent"] = 100 * (cpu_of(proc.pid) - c0) / seconds
-        info["idle_by_thread"] = by_thread(info, threads0, _thread_cpu(proc.pid), seconds)
+        after = thread_cpu(proc.pid)
+        info["idle_by_thread"] = cpu_by_name(info["threads"], threads0, after, 100 / seconds)
         return info
     finally:
         proc.kill()

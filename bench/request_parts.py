@@ -46,7 +46,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, child_env, figure, report, setup_django  # noqa: E402
+from _common import ROOT, child_env, cpu_by_name, figure, report, setup_django, thread_cpu  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 MS = 1000.0
@@ -86,32 +86,15 @@ def thread_counts(pid: int) -> tuple[float, float, int, int]:
     return main, other, main_sw, other_sw
 
 
-def per_thread(pid: int) -> dict[str, float]:
-    """CPU seconds of each of ``pid``'s threads by kernel thread id, from ``/proc``."""
-    tick = os.sysconf("SC_CLK_TCK")
-    spent = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        spent[tid] = (int(fields[11]) + int(fields[12])) / tick
-    return spent
-
-
 def by_name(server, before: dict[str, float], after: dict[str, float], calls: int) -> dict:
-    """Milliseconds of CPU per request for each named thread (``/bench/threads``);
-    threads Python does not know (daphne's or a library's own) as ``other``."""
+    """Milliseconds of CPU per request for each named thread (``/bench/threads``), the
+    request threads together."""
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/bench/threads", timeout=10) as r:
         names = json.load(r)
-    spent: dict[str, float] = {}
-    for tid, seconds in after.items():
-        name = names.get(tid, "other")
+    for tid, name in names.items():
         if name.startswith(("ThreadPoolExecutor", "django-sync-")):
-            name = "request threads"
-        spent[name] = spent.get(name, 0.0) + (seconds - before.get(tid, 0.0)) / calls * MS
-    return spent
+            names[tid] = "request threads"
+    return cpu_by_name(names, before, after, MS / calls)
 
 
 def collections(server) -> dict:
@@ -151,10 +134,10 @@ def measure(calls: int, rounds: int, clients: int) -> dict[str, dict[str, float]
                 _load(server, sessionid, clients, kind="trivial", count=100)
                 gc0 = collections(server)
                 before = thread_counts(server.proc.pid)
-                tids = per_thread(server.proc.pid)
+                tids = thread_cpu(server.proc.pid)
                 seconds = _load(server, sessionid, clients, **job)["seconds"]
                 after = thread_counts(server.proc.pid)
-                named[kind].append(by_name(server, tids, per_thread(server.proc.pid), calls))
+                named[kind].append(by_name(server, tids, thread_cpu(server.proc.pid), calls))
                 gc1 = collections(server)
                 per_call = [(a - b) / calls for a, b in zip(after, before, strict=True)]
                 collected = (sum(gc1["cpu"]) - sum(gc0["cpu"])) / calls
